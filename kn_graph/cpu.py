@@ -1,0 +1,384 @@
+"""The NumPy CPU executor: the reference every other device is checked against.
+
+A short loop over values in index (= topological) order; each value is freed after its last use.
+
+>>> from kn_graph import Graph, DType, Shape
+>>> g = Graph()
+>>> x = g.input(Shape.of("B" and 2, 3), DType.F32, "x")
+>>> g.add_output(g.reduce(g.mul(x, 2.0), [1], ReduceOp.SUM), "y")
+>>> evaluate(g, [np.ones((2, 3), np.float32)])[0]
+array([6., 6.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import assert_never
+
+import numpy as np
+import scipy.special
+
+from kn_graph.dtype import DType
+from kn_graph.errors import EvaluationError, InputMismatchError, KnError
+from kn_graph.graph import Graph, ValueInfo
+from kn_graph.ops import (
+    Binary,
+    BinaryOp,
+    Broadcast,
+    Concat,
+    Constant,
+    Conv,
+    ConvDetails,
+    Gather,
+    Input,
+    Iota,
+    Layernorm,
+    MatMul,
+    Permute,
+    Reduce,
+    ReduceOp,
+    Select,
+    Slice,
+    Softmax,
+    Unary,
+    UnaryOp,
+    View,
+)
+from kn_graph.shape import BATCH, infer_symbols
+
+__all__ = ["bind_inputs", "evaluate"]
+
+Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
+
+
+def bind_inputs(
+    graph: Graph, inputs: Inputs, batch_size: int | None = None
+) -> tuple[list[np.ndarray], dict[str, int]]:
+    """Check count, dtype and shape of the inputs; return them in order and the symbol bindings."""
+    names = graph.input_names
+    if isinstance(inputs, Mapping):
+        missing = [n for n in names if n not in inputs]
+        extra = [n for n in inputs if n not in names]
+        if missing or extra:
+            raise InputMismatchError(
+                f"inputs by name: missing {missing}, unexpected {extra}; the graph takes {names}"
+            )
+        arrays = [inputs[n] for n in names]
+    else:
+        arrays = list(inputs)
+        if len(arrays) != len(names):
+            raise InputMismatchError(
+                f"expected {len(names)} inputs ({', '.join(names)}), found {len(arrays)}"
+            )
+    out: list[np.ndarray] = []
+    for name, v, a in zip(names, graph.inputs, arrays, strict=True):
+        a = np.asarray(a)
+        want = graph[v].dtype
+        if a.dtype != want.np:
+            raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
+        out.append(a)
+    known = {BATCH: int(batch_size)} if batch_size is not None else None
+    bindings = infer_symbols(
+        [graph[v].shape for v in graph.inputs],
+        [a.shape for a in out],
+        [f"input '{n}'" for n in names],
+        known,
+    )
+    return out, bindings
+
+
+def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> list[np.ndarray]:
+    """Evaluate the graph's outputs for the given inputs (a list in input order, or a name map)."""
+    arrays, bindings = bind_inputs(graph, inputs, batch_size)
+    n = len(graph)
+    last_use = list(range(n))
+    for v in graph.values():
+        for x in graph[v].op.inputs:
+            last_use[x.index] = v.index
+    keep = {v.index for v in graph.outputs}
+    env: list[np.ndarray | None] = [None] * n
+    for v in graph.values():
+        info = graph[v]
+        try:
+            result = _compute(info, env, arrays, bindings)
+        except KnError:
+            raise
+        except Exception as e:  # numpy errors become ours, naming the value and its op
+            raise EvaluationError(f"while computing {graph.format_value(v)}: {type(e).__name__}: {e}") from e
+        expected = info.shape.eval(bindings)
+        if result.shape != expected or result.dtype != info.dtype.np:
+            raise EvaluationError(
+                f"internal: {graph.format_value(v)} produced {result.dtype}{list(result.shape)}, "
+                f"expected {info.dtype}{list(expected)}"
+            )
+        env[v.index] = result
+        for x in info.op.inputs:
+            if last_use[x.index] == v.index and x.index not in keep:
+                env[x.index] = None
+    return [np.array(env[v.index]) for v in graph.outputs]  # writable copies, never views of constants
+
+
+def _compute(
+    info: ValueInfo, env: list[np.ndarray | None], inputs: list[np.ndarray], bindings: dict[str, int]
+) -> np.ndarray:
+    def get(x: object) -> np.ndarray:
+        a = env[x.index]  # type: ignore[attr-defined]
+        assert a is not None, "value used after it was freed"
+        return a
+
+    shape = info.shape.eval(bindings)
+    dt = info.dtype.np
+    match info.op:
+        case Input(index):
+            return inputs[index]
+        case Constant(tensor):
+            return tensor.array
+        case View(x):
+            return get(x).reshape(shape)
+        case Broadcast(x):
+            return np.broadcast_to(get(x), shape)
+        case Permute(x, perm):
+            return get(x).transpose(perm)
+        case Slice(x, axis, start, step):
+            a = get(x)
+            s = start.eval(bindings)
+            count = shape[axis]
+            if count == 0:
+                return a[(slice(None),) * axis + (slice(0, 0),)]
+            last = s + step * (count - 1)
+            end = last + (1 if step > 0 else -1)
+            return a[(slice(None),) * axis + (slice(s, None if end < 0 else end, step),)]
+        case Gather(x, axis, indices):
+            a, idx = get(x), get(indices)
+            n = a.shape[axis]
+            bad = (idx < 0) | (idx >= n)
+            if bad.any():
+                raise EvaluationError(f"gather: index {idx[bad][0]} out of range [0, {n}) on axis {axis}")
+            return np.take(a, idx, axis=axis)
+        case Concat(xs, axis):
+            return np.concatenate([get(x) for x in xs], axis=axis)
+        case Conv(x, w, details):
+            return _conv(get(x), get(w), details)
+        case MatMul(a, b):
+            return np.matmul(get(a), get(b))
+        case Unary(x, op):
+            return _unary(op, get(x), dt)
+        case Binary(a, b, op):
+            return _binary(op, get(a), get(b))
+        case Select(c, a, b):
+            return np.where(get(c), get(a), get(b))
+        case Iota(axis):
+            r = np.arange(shape[axis], dtype=dt).reshape([-1 if i == axis else 1 for i in range(len(shape))])
+            return np.broadcast_to(r, shape)
+        case Softmax(x, axis):
+            return _softmax(get(x), axis)
+        case Layernorm(x, axis, eps):
+            return _layernorm(get(x), axis, eps)
+        case Reduce(x, axes, op):
+            return _reduce(op, get(x), axes, dt)
+        case _:
+            assert_never(info.op)  # type: ignore[arg-type]
+
+
+def _in_f32(f: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """f16 math in f32, as the GPU kernels do it."""
+
+    def g(a: np.ndarray) -> np.ndarray:
+        if a.dtype == np.float16:
+            return f(a.astype(np.float32)).astype(np.float16)
+        return f(a)
+
+    return g
+
+
+def _sigmoid(a: np.ndarray) -> np.ndarray:
+    return scipy.special.expit(a).astype(a.dtype, copy=False)
+
+
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
+_SQRT2_PI = math.sqrt(2.0 / math.pi)
+
+_UNARY: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
+    UnaryOp.ABS: np.abs,
+    UnaryOp.NEG: np.negative,
+    UnaryOp.SIN: np.sin,
+    UnaryOp.COS: np.cos,
+    UnaryOp.TAN: np.tan,
+    UnaryOp.ASIN: np.arcsin,
+    UnaryOp.ACOS: np.arccos,
+    UnaryOp.ATAN: np.arctan,
+    UnaryOp.SINH: np.sinh,
+    UnaryOp.COSH: np.cosh,
+    UnaryOp.ASINH: np.arcsinh,
+    UnaryOp.ACOSH: np.arccosh,
+    UnaryOp.ATANH: np.arctanh,
+    UnaryOp.EXP: np.exp,
+    UnaryOp.LOG: np.log,
+    UnaryOp.SQRT: np.sqrt,
+    UnaryOp.SIGMOID: _sigmoid,
+    UnaryOp.TANH: np.tanh,
+    UnaryOp.ERF: lambda a: scipy.special.erf(a).astype(a.dtype, copy=False),
+    UnaryOp.SOFTPLUS: lambda a: np.logaddexp(a.dtype.type(0), a),
+    UnaryOp.RECIPROCAL: np.reciprocal,
+    UnaryOp.FLOOR: np.floor,
+    UnaryOp.CEIL: np.ceil,
+    UnaryOp.ROUND: np.round,
+    UnaryOp.SIGN: np.sign,
+    UnaryOp.NOT: np.logical_not,
+    UnaryOp.BIT_NOT: np.invert,
+    UnaryOp.GELU: lambda a: (a * 0.5 * (1.0 + scipy.special.erf(a * _SQRT1_2))).astype(a.dtype, copy=False),
+    UnaryOp.GELU_TANH: lambda a: (0.5 * a * (1.0 + np.tanh(_SQRT2_PI * (a + 0.044715 * a**3)))).astype(
+        a.dtype, copy=False
+    ),
+    UnaryOp.SILU: lambda a: a * _sigmoid(a),
+}
+
+
+def _unary(op: UnaryOp, a: np.ndarray, out: np.dtype) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        if op is UnaryOp.CAST:
+            if out == np.bool_:
+                return a != 0
+            if a.dtype.kind == "f" and out.kind in "iu":
+                a = np.trunc(a)
+            return a.astype(out)
+        if op is UnaryOp.BITCAST:
+            return a.view(out)
+        f = _UNARY[op]
+        return _in_f32(f)(a) if a.dtype.kind == "f" else f(a)
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C semantics: truncation toward zero; division by zero gives 0 instead of a crash."""
+    safe = np.where(b == 0, 1, b)
+    q = np.floor_divide(a, safe)
+    fix = (np.remainder(a, safe) != 0) & ((a < 0) != (safe < 0))
+    return np.where(b == 0, 0, q + fix.astype(q.dtype)).astype(a.dtype)
+
+
+def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        if (b < 0).any():
+            raise EvaluationError("pow: negative integer exponent")
+    return np.power(a, b)
+
+
+_BINARY: dict[BinaryOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    BinaryOp.ADD: np.add,
+    BinaryOp.SUB: np.subtract,
+    BinaryOp.MUL: np.multiply,
+    BinaryOp.DIV: np.divide,
+    BinaryOp.POW: _pow,
+    BinaryOp.MIN: np.minimum,
+    BinaryOp.MAX: np.maximum,
+    BinaryOp.MOD: np.mod,
+    BinaryOp.FMOD: np.fmod,
+    BinaryOp.EQ: np.equal,
+    BinaryOp.LT: np.less,
+    BinaryOp.LE: np.less_equal,
+    BinaryOp.GT: np.greater,
+    BinaryOp.GE: np.greater_equal,
+    BinaryOp.AND: np.logical_and,
+    BinaryOp.OR: np.logical_or,
+    BinaryOp.XOR: np.logical_xor,
+    BinaryOp.BIT_AND: np.bitwise_and,
+    BinaryOp.BIT_OR: np.bitwise_or,
+    BinaryOp.BIT_XOR: np.bitwise_xor,
+    BinaryOp.SHL: np.left_shift,
+    BinaryOp.SHR: np.right_shift,
+}
+
+
+def _binary(op: BinaryOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        if a.dtype.kind in "iu" and op is BinaryOp.DIV:
+            return _int_div(a, b)
+        if a.dtype.kind in "iu" and op in (BinaryOp.MOD, BinaryOp.FMOD):
+            safe = np.where(b == 0, 1, b)
+            return np.where(b == 0, 0, _BINARY[op](a, safe)).astype(a.dtype)
+        if a.dtype == np.float16 and not op.is_comparison:
+            return _BINARY[op](a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
+        return np.asarray(_BINARY[op](a, b))
+
+
+def _softmax(a: np.ndarray, axis: int) -> np.ndarray:
+    if a.dtype == np.float16:
+        return _softmax(a.astype(np.float32), axis).astype(np.float16)
+    if a.size == 0:
+        return a.copy()
+    m = np.max(a, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    e = np.exp(a - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _layernorm(a: np.ndarray, axis: int, eps: float) -> np.ndarray:
+    if a.dtype == np.float16:
+        return _layernorm(a.astype(np.float32), axis, eps).astype(np.float16)
+    mean = np.mean(a, axis=axis, keepdims=True)
+    d = a - mean
+    var = np.mean(d * d, axis=axis, keepdims=True)
+    return (d / np.sqrt(var + a.dtype.type(eps))).astype(a.dtype, copy=False)
+
+
+def _reduce(op: ReduceOp, a: np.ndarray, axes: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        match op:
+            case ReduceOp.SUM:
+                return np.sum(a, axis=axes, dtype=a.dtype)
+            case ReduceOp.PROD:
+                return np.prod(a, axis=axes, dtype=a.dtype)
+            case ReduceOp.MEAN:
+                acc = np.float32 if a.dtype == np.float16 else a.dtype
+                return np.mean(a, axis=axes, dtype=acc).astype(dt)
+            case ReduceOp.MIN:
+                return np.min(a, axis=axes, initial=_extreme(a.dtype, True))
+            case ReduceOp.MAX:
+                return np.max(a, axis=axes, initial=_extreme(a.dtype, False))
+            case ReduceOp.ARGMIN:
+                return np.argmin(a, axis=axes[0]).astype(np.int64)
+            case ReduceOp.ARGMAX:
+                return np.argmax(a, axis=axes[0]).astype(np.int64)
+            case _:
+                assert_never(op)
+
+
+def _extreme(dtype: np.dtype, high: bool) -> object:
+    if dtype.kind == "f":
+        return dtype.type(np.inf if high else -np.inf)
+    if dtype.kind == "b":
+        return high
+    info = np.iinfo(dtype)
+    return info.max if high else info.min
+
+
+def _conv(x: np.ndarray, w: np.ndarray, d: ConvDetails) -> np.ndarray:
+    """im2col + one matmul per group (batched)."""
+    nd = d.rank
+    if x.dtype == np.float16:
+        return _conv(x.astype(np.float32), w.astype(np.float32), d).astype(np.float16)
+    n, c = x.shape[:2]
+    k_out = w.shape[0]
+    g = d.groups
+    ks = w.shape[2:]
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in d.padding]) if any(d.padding) else x
+    span = tuple(dl * (k - 1) + 1 for dl, k in zip(d.dilation, ks, strict=True))
+    win = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + nd)))
+    # win: [N, C, *out_full, *span] -> subsample by stride (out axes) and dilation (window axes)
+    sel = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in d.stride) + tuple(
+        slice(None, None, dl) for dl in d.dilation
+    )
+    win = win[sel]
+    out_sp = win.shape[2 : 2 + nd]
+    cg = c // g
+    # [N, G, Cg, *out, *k] -> [N, G, *out, Cg, *k] -> [N, G, P, Cg*K]
+    win = win.reshape((n, g, cg) + out_sp + ks)
+    perm = (0, 1) + tuple(range(3, 3 + nd)) + (2,) + tuple(range(3 + nd, 3 + 2 * nd))
+    cols = win.transpose(perm).reshape(n, g, math.prod(out_sp), cg * math.prod(ks))
+    wm = w.reshape(g, k_out // g, cg * math.prod(ks))
+    out = np.matmul(cols, wm.transpose(0, 2, 1)[None])  # [N, G, P, Kg]
+    out = out.transpose(0, 1, 3, 2).reshape((n, k_out) + out_sp)
+    return np.ascontiguousarray(out, dtype=x.dtype)
+
+

@@ -1,0 +1,82 @@
+"""The one exception hierarchy of Kyanite: every error a user can provoke is a `KnError`.
+
+Messages say what was expected, what was found and where (node, op, value, input, axis).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CudaUnavailableError",
+    "EvaluationError",
+    "GraphError",
+    "InputMismatchError",
+    "KernelCompileError",
+    "KnError",
+    "OnnxImportError",
+    "PlanError",
+    "ShapeMismatchError",
+    "StaticInputRequiredError",
+    "UnsupportedOnnxError",
+]
+
+
+class KnError(Exception):
+    """Base class of every error raised on purpose by Kyanite."""
+
+
+class GraphError(KnError):
+    """A graph builder was called with operands it cannot accept (shapes, dtypes, attributes)."""
+
+
+class ShapeMismatchError(KnError):
+    """Actual input shapes contradict the graph's (symbolic) input shapes or a given batch size."""
+
+
+class InputMismatchError(ShapeMismatchError):
+    """Wrong number of inputs, wrong dtype or wrong shape passed to an evaluation."""
+
+
+class EvaluationError(KnError):
+    """An executor failed while computing one value; the message names the value and its op."""
+
+
+class OnnxImportError(KnError):
+    """The ONNX file itself is unreadable: corrupt bytes, missing external data, invalid graph."""
+
+
+class UnsupportedOnnxError(OnnxImportError):
+    """A valid ONNX node that Kyanite cannot express (op, attribute value, dynamic behaviour)."""
+
+    def __init__(self, node_name: str, op_type: str, detail: str) -> None:
+        self.node_name = node_name
+        self.op_type = op_type
+        self.detail = detail
+        super().__init__(f"node '{node_name}' ({op_type}): {detail}")
+
+
+class StaticInputRequiredError(UnsupportedOnnxError):
+    """A node needs the value of a graph input at load time (e.g. the target shape of a Reshape).
+
+    Pass it with `load_onnx(..., input_values={name: array})`.
+    """
+
+    def __init__(self, node_name: str, op_type: str, input_name: str, what: str) -> None:
+        self.input_name = input_name
+        super().__init__(
+            node_name,
+            op_type,
+            f"{what} comes from graph input '{input_name}', whose value must be known at load "
+            f"time; pass it with load_onnx(..., input_values={{'{input_name}': ...}})",
+        )
+
+
+class PlanError(KnError):
+    """The CUDA planner cannot plan a graph (unsupported layout, dtype or size)."""
+
+
+class KernelCompileError(KnError):
+    """NVRTC rejected a generated kernel; the message carries the log and the numbered source."""
+
+
+class CudaUnavailableError(KnError):
+    """CUDA was asked for but no working device, driver or library was found."""

@@ -1,0 +1,611 @@
+"""The SSA graph: append-only, hash-consed, with validating and canonicalising builders.
+
+>>> g = Graph()
+>>> x = g.input(Shape.of(Size.sym("B"), 4), DType.F32, "x")
+>>> y = g.relu(g.add(x, 1.0))
+>>> g.add_output(y, "y")
+>>> print(g)
+%0: f32[B,4] = input #0 "x"
+%1: f32[] = const 1.0
+%2: f32[1,1] = view(%1)
+%3: f32[B,4] = broadcast(%2)
+%4: f32[B,4] = add(%0, %3)
+%5: f32[] = const 0.0
+%6: f32[1,1] = view(%5)
+%7: f32[B,4] = broadcast(%6)
+%8: f32[B,4] = max(%4, %7)
+outputs: %8 "y"
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kn_graph.dtype import DType
+from kn_graph.errors import GraphError
+from kn_graph.nn import NNBuilders
+from kn_graph.ops import (
+    Binary,
+    BinaryOp,
+    Broadcast,
+    Concat,
+    Constant,
+    Conv,
+    ConvDetails,
+    Gather,
+    Input,
+    Iota,
+    Layernorm,
+    MatMul,
+    Op,
+    Permute,
+    Reduce,
+    ReduceOp,
+    Select,
+    Slice,
+    Softmax,
+    Tensor,
+    Unary,
+    UnaryOp,
+    Value,
+    View,
+)
+from kn_graph.shape import Shape, Size, SizeLike
+
+__all__ = ["Graph", "ValueInfo", "broadcast_shapes"]
+
+_graph_ids = itertools.count()
+
+Operand = Value | float | int | bool
+
+
+@dataclass(frozen=True, slots=True)
+class ValueInfo:
+    """What the graph knows of one value. `debug_name` is not part of the value's identity."""
+
+    shape: Shape
+    dtype: DType
+    op: Op
+    debug_name: str = ""
+
+    @property
+    def rank(self) -> int:
+        return self.shape.rank
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """NumPy broadcasting of symbolic shapes: a size 1 stretches, other sizes must be equal."""
+    rank = max(s.rank for s in shapes)
+    out: list[Size] = []
+    for i in range(rank):
+        dim = Size(1)
+        for s in shapes:
+            j = i - (rank - s.rank)
+            if j < 0:
+                continue
+            d = s[j]
+            if d == dim or d == Size(1):
+                continue
+            if dim == Size(1):
+                dim = d
+            else:
+                raise GraphError(
+                    f"cannot broadcast shapes {', '.join(map(str, shapes))}: axis {i} has sizes "
+                    f"{dim} and {d}"
+                )
+        out.append(dim)
+    return Shape(tuple(out))
+
+
+def _norm_axis(axis: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise GraphError(f"{what} {axis} out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+class Graph(NNBuilders):
+    """An append-only SSA graph. Index order is topological order."""
+
+    def __init__(self) -> None:
+        self.id = next(_graph_ids)
+        self._infos: list[ValueInfo] = []
+        self._uses: list[int] = []
+        self._dedup: dict[tuple[Shape, DType, Op], Value] = {}
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.output_names: list[str] = []
+
+    # -- access ----------------------------------------------------------------------------------
+    def check(self, v: Value) -> Value:
+        if not isinstance(v, Value):
+            raise GraphError(f"expected a Value, found {type(v).__name__} {v!r}")
+        if v.graph_id != self.id:
+            raise GraphError(f"value {v} belongs to another graph")
+        return v
+
+    def __getitem__(self, v: Value) -> ValueInfo:
+        return self._infos[self.check(v).index]
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def values(self) -> Iterator[Value]:
+        return (Value(i, self.id) for i in range(len(self._infos)))
+
+    def shape(self, v: Value) -> Shape:
+        return self[v].shape
+
+    def dtype(self, v: Value) -> DType:
+        return self[v].dtype
+
+    def use_count(self, v: Value) -> int:
+        """Operand slots that use `v` (an op using it twice counts twice); outputs not counted."""
+        return self._uses[self.check(v).index]
+
+    def is_hidden_with_uses(self, v: Value, n: int) -> bool:
+        """Not an input, not an output, and used exactly `n` times: safe to fuse into its user."""
+        return (
+            self.use_count(v) == n
+            and v not in self.outputs
+            and not isinstance(self[v].op, Input)
+        )
+
+    @property
+    def input_names(self) -> list[str]:
+        return [self[v].debug_name for v in self.inputs]
+
+    def set_debug_name(self, v: Value, name: str) -> None:
+        """Names are for printing and error messages only; set them on first use."""
+        i = self.check(v).index
+        if not self._infos[i].debug_name:
+            info = self._infos[i]
+            self._infos[i] = ValueInfo(info.shape, info.dtype, info.op, name)
+
+    # -- the one place values are created ---------------------------------------------------------
+    def _push(self, shape: Shape, dtype: DType, op: Op, name: str = "") -> Value:
+        for d in shape:
+            if d.factor < 0:
+                raise GraphError(f"{op.NAME}: negative size {d} in shape {shape}")
+        for x in op.inputs:
+            self.check(x)
+        key = (shape, dtype, op)
+        if not isinstance(op, Input) and (hit := self._dedup.get(key)) is not None:
+            return hit
+        v = Value(len(self._infos), self.id)
+        self._infos.append(ValueInfo(shape, dtype, op, name))
+        self._uses.append(0)
+        for x in op.inputs:
+            self._uses[x.index] += 1
+        if not isinstance(op, Input):
+            self._dedup[key] = v
+        return v
+
+    # -- inputs, outputs, constants ----------------------------------------------------------------
+    def input(self, shape: Shape | Sequence[SizeLike], dtype: DType, name: str = "") -> Value:
+        shape = shape if isinstance(shape, Shape) else Shape.from_seq(shape)
+        v = self._push(shape, dtype, Input(len(self.inputs)), name or f"input{len(self.inputs)}")
+        self.inputs.append(v)
+        return v
+
+    def add_output(self, v: Value, name: str = "") -> None:
+        self.check(v)
+        self.outputs.append(v)
+        self.output_names.append(name or f"output{len(self.outputs) - 1}")
+
+    def constant(self, array: np.ndarray | float | int | bool, dtype: DType | None = None) -> Value:
+        arr = np.asarray(array)
+        if dtype is not None:
+            arr = arr.astype(dtype.np, copy=False)
+        dt = DType.from_np(arr.dtype)
+        return self._push(Shape.of(*arr.shape), dt, Constant(Tensor(arr)))
+
+    def scalar(self, value: float | int | bool, dtype: DType) -> Value:
+        return self.constant(np.array(value, dtype=dtype.np))
+
+    def full(self, value: float | int | bool, shape: Shape | Sequence[SizeLike], dtype: DType) -> Value:
+        """A broadcast scalar: costs one element of storage, whatever the shape."""
+        shape = shape if isinstance(shape, Shape) else Shape.from_seq(shape)
+        return self.broadcast(self.scalar(value, dtype), shape)
+
+    def const_value(self, v: Value) -> np.ndarray | None:
+        """The data of a Constant value, else None."""
+        op = self[v].op
+        return op.tensor.array if isinstance(op, Constant) else None
+
+    def scalar_value(self, v: Value) -> float | int | bool | None:
+        """The element value when `v` is a constant whose elements are all equal, looking through
+        views and broadcasts; else None."""
+        while True:
+            op = self[v].op
+            match op:
+                case View(x) | Broadcast(x):
+                    v = x
+                case Constant(t):
+                    a = t.array
+                    if a.size == 0:
+                        return None
+                    first = a.reshape(-1)[0]
+                    if a.size == 1 or bool(np.all(a == first)):
+                        return first.item()
+                    return None
+                case _:
+                    return None
+
+    # -- shape ops -----------------------------------------------------------------------------------
+    def view(self, x: Value, shape: Shape | Sequence[SizeLike]) -> Value:
+        shape = shape if isinstance(shape, Shape) else Shape.from_seq(shape)
+        info = self[x]
+        if info.shape == shape:
+            return x
+        if info.shape.size() != shape.size():
+            raise GraphError(f"view: cannot reshape {info.shape} to {shape} (element counts differ)")
+        if isinstance(info.op, View):
+            return self.view(info.op.x, shape)
+        return self._push(shape, info.dtype, View(x))
+
+    def broadcast(self, x: Value, shape: Shape | Sequence[SizeLike]) -> Value:
+        shape = shape if isinstance(shape, Shape) else Shape.from_seq(shape)
+        info = self[x]
+        if info.rank > shape.rank:
+            raise GraphError(f"broadcast: cannot broadcast {info.shape} to lower rank {shape}")
+        if info.rank < shape.rank:
+            x = self.view(x, Shape((Size(1),) * (shape.rank - info.rank)) + info.shape)
+            info = self[x]
+        if info.shape == shape:
+            return x
+        for i, (a, b) in enumerate(zip(info.shape, shape, strict=True)):
+            if a != b and a != Size(1):
+                raise GraphError(f"broadcast: cannot broadcast {info.shape} to {shape} (axis {i})")
+        if isinstance(info.op, Broadcast):
+            return self.broadcast(info.op.x, shape)
+        return self._push(shape, info.dtype, Broadcast(x))
+
+    def permute(self, x: Value, perm: Sequence[int]) -> Value:
+        info = self[x]
+        perm = tuple(int(p) for p in perm)
+        if sorted(perm) != list(range(info.rank)):
+            raise GraphError(f"permute: {list(perm)} is not a permutation of rank {info.rank}")
+        if perm == tuple(range(info.rank)):
+            return x
+        if isinstance(info.op, Permute):
+            inner = info.op.perm
+            return self.permute(info.op.x, [inner[p] for p in perm])
+        shape = Shape(tuple(info.shape[p] for p in perm))
+        return self._push(shape, info.dtype, Permute(x, perm))
+
+    def transpose(self, x: Value, a: int = -1, b: int = -2) -> Value:
+        r = self[x].rank
+        perm = list(range(r))
+        a, b = _norm_axis(a, r), _norm_axis(b, r)
+        perm[a], perm[b] = perm[b], perm[a]
+        return self.permute(x, perm)
+
+    def slice(
+        self,
+        x: Value,
+        axis: int,
+        start: SizeLike | None = None,
+        end: SizeLike | None = None,
+        step: int = 1,
+    ) -> Value:
+        """Python slicing `x[start:end:step]` along one axis (negative indices and clamping on
+        fixed sizes; a symbolic axis needs non-negative Sizes that stay in range)."""
+        info = self[x]
+        axis = _norm_axis(axis, info.rank)
+        if step == 0:
+            raise GraphError("slice: step must not be zero")
+        dim = info.shape[axis]
+        n = dim.fixed_value()
+        if n is not None and all(
+            s is None or isinstance(s, int) or Size.of(s).is_fixed for s in (start, end)
+        ):
+            def as_int(s: SizeLike | None) -> int | None:
+                return None if s is None else Size.of(s).factor
+
+            r = range(*slice(as_int(start), as_int(end), step).indices(n))
+            return self.slice_raw(x, axis, Size(r.start if len(r) else 0), step, len(r))
+        if step < 0:
+            raise GraphError(f"slice: negative step on symbolic axis {axis} ({dim}) is not supported")
+        s = Size(0) if start is None else Size.of(start)
+        e = dim if end is None else Size.of(end)
+        if s.factor < 0 or e.factor < 0:
+            raise GraphError(f"slice: negative bound on symbolic axis {axis} ({dim})")
+        length = e - s
+        if step != 1:
+            length = (length + (step - 1)) // step
+        return self.slice_raw(x, axis, s, step, length)
+
+    def slice_raw(self, x: Value, axis: int, start: SizeLike, step: int, length: SizeLike) -> Value:
+        """Elements start, start+step, … (`length` of them) along `axis`; bounds are checked."""
+        info = self[x]
+        axis = _norm_axis(axis, info.rank)
+        start, length = Size.of(start), Size.of(length)
+        dim = info.shape[axis]
+        if step == 0:
+            raise GraphError("slice: step must not be zero")
+        if length == Size(0):
+            start, step = Size(0), 1
+        elif start.is_fixed and length.is_fixed and dim.is_fixed:
+            last = start.factor + (length.factor - 1) * step
+            if not (0 <= start.factor < dim.factor and 0 <= last < dim.factor):
+                raise GraphError(
+                    f"slice: start {start}, step {step}, length {length} out of range for axis "
+                    f"{axis} of size {dim}"
+                )
+        elif step < 0:
+            raise GraphError(f"slice: negative step on symbolic axis {axis} ({dim})")
+        if length == dim and start == Size(0) and step == 1:
+            return x
+        if length == Size(1):
+            step = 1
+        return self._push(info.shape.replace(axis, length), info.dtype, Slice(x, axis, start, step))
+
+    def flip(self, x: Value, axis: int) -> Value:
+        info = self[x]
+        axis = _norm_axis(axis, info.rank)
+        n = info.shape[axis].as_int(f"flip: axis {axis} size")
+        if n <= 1:
+            return x
+        return self.slice_raw(x, axis, n - 1, -1, n)
+
+    def gather(self, x: Value, axis: int, indices: Value) -> Value:
+        """x.take(indices, axis) for rank-1 integer indices (other ranks: view around it)."""
+        info, ii = self[x], self[indices]
+        axis = _norm_axis(axis, info.rank)
+        if ii.rank != 1 or not ii.dtype.is_int:
+            raise GraphError(f"gather: indices must be a rank-1 integer tensor, found {ii.dtype}{ii.shape}")
+        idx = self.const_value(indices)
+        dim = info.shape[axis]
+        if idx is not None and dim.is_fixed:
+            n = dim.factor
+            bad = (idx < -n) | (idx >= n)
+            if bad.any():
+                raise GraphError(f"gather: index {idx[bad][0]} out of range for axis {axis} of size {n}")
+            idx = np.where(idx < 0, idx + n, idx)
+            if idx.size >= 1 and np.all(idx == idx[0]):
+                one = self.slice_raw(x, axis, int(idx[0]), 1, 1)
+                return self.broadcast(one, info.shape.replace(axis, idx.size))
+            if idx.size >= 2:
+                step = int(idx[1] - idx[0])
+                if step != 0 and np.array_equal(idx, idx[0] + step * np.arange(idx.size)):
+                    return self.slice_raw(x, axis, int(idx[0]), step, idx.size)
+        shape = info.shape.replace(axis, ii.shape[0])
+        return self._push(shape, info.dtype, Gather(x, axis, indices))
+
+    def concat(self, xs: Sequence[Value], axis: int) -> Value:
+        if not xs:
+            raise GraphError("concat: no operands")
+        infos = [self[x] for x in xs]
+        first = infos[0]
+        axis = _norm_axis(axis, first.rank)
+        total = Size(0)
+        for i, inf in enumerate(infos):
+            if inf.dtype != first.dtype or inf.rank != first.rank:
+                raise GraphError(
+                    f"concat: operand {i} is {inf.dtype}{inf.shape}, expected {first.dtype} of rank {first.rank}"
+                )
+            for a in range(first.rank):
+                if a != axis and inf.shape[a] != first.shape[a]:
+                    raise GraphError(
+                        f"concat: operand {i} has shape {inf.shape}, which differs from {first.shape} "
+                        f"off the concat axis {axis}"
+                    )
+            total = total + inf.shape[axis]
+        kept = tuple(x for x, inf in zip(xs, infos, strict=True) if inf.shape[axis] != Size(0))
+        if len(kept) == 1:
+            return kept[0]
+        if not kept:
+            kept = (xs[0],)
+        return self._push(first.shape.replace(axis, total), first.dtype, Concat(kept, axis))
+
+    # -- compute ops ----------------------------------------------------------------------------------
+    def conv(
+        self,
+        x: Value,
+        w: Value,
+        stride: Sequence[int] | None = None,
+        padding: Sequence[int] | None = None,
+        dilation: Sequence[int] | None = None,
+        groups: int = 1,
+    ) -> Value:
+        """N-d cross-correlation; x [N, C, *sp], w [K, C/groups, *k]; symmetric padding."""
+        xi, wi = self[x], self[w]
+        nd = xi.rank - 2
+        if nd < 1 or wi.rank != xi.rank:
+            raise GraphError(f"conv: expected x [N,C,*spatial] and w of equal rank, found {xi.shape} and {wi.shape}")
+        if xi.dtype != wi.dtype or not xi.dtype.is_float:
+            raise GraphError(f"conv: expected equal float dtypes, found {xi.dtype} and {wi.dtype}")
+        stride = tuple(stride or (1,) * nd)
+        padding = tuple(padding or (0,) * nd)
+        dilation = tuple(dilation or (1,) * nd)
+        if not (len(stride) == len(padding) == len(dilation) == nd):
+            raise GraphError(f"conv: stride/padding/dilation must have {nd} entries")
+        if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or groups < 1:
+            raise GraphError(f"conv: invalid stride {stride}, padding {padding}, dilation {dilation} or groups {groups}")
+        k_out, c_per_group = wi.shape[0], wi.shape[1]
+        if xi.shape[1] != c_per_group * groups or not Size(groups).divides(k_out):
+            raise GraphError(
+                f"conv: input channels {xi.shape[1]} != {groups} groups x {c_per_group} (filter {wi.shape}), "
+                f"or {k_out} filters not divisible by the groups"
+            )
+        out = [xi.shape[0], k_out]
+        for i in range(nd):
+            k = wi.shape[2 + i].as_int("conv: kernel size")
+            c = 2 * padding[i] - dilation[i] * (k - 1) - 1 + stride[i]
+            try:
+                o = (xi.shape[2 + i] + c) // stride[i]
+            except GraphError as e:
+                raise GraphError(f"conv: output size of spatial axis {i} ({xi.shape[2 + i]}) is not expressible: {e}") from None
+            if o.factor <= 0:
+                raise GraphError(f"conv: kernel {wi.shape} larger than padded input {xi.shape}")
+            out.append(o)
+        details = ConvDetails(stride, padding, dilation, groups)
+        return self._push(Shape.from_seq(out), xi.dtype, Conv(x, w, details))
+
+    def matmul(self, a: Value, b: Value) -> Value:
+        """Batched product [b, m, k] @ [b, k, n] (rank 3, equal batch); see `matmul_nd`."""
+        ai, bi = self[a], self[b]
+        if ai.rank != 3 or bi.rank != 3 or ai.shape[0] != bi.shape[0] or ai.shape[2] != bi.shape[1]:
+            raise GraphError(f"matmul: expected [b,m,k] @ [b,k,n], found {ai.shape} @ {bi.shape}")
+        if ai.dtype != bi.dtype:
+            raise GraphError(f"matmul: dtypes differ ({ai.dtype} and {bi.dtype})")
+        if ai.dtype.is_bool:
+            raise GraphError("matmul: bool operands")
+        return self._push(Shape.of(ai.shape[0], ai.shape[1], bi.shape[2]), ai.dtype, MatMul(a, b))
+
+    def unary(self, op: UnaryOp, x: Value) -> Value:
+        info = self[x]
+        if op.changes_dtype:
+            raise GraphError(f"{op.value}: use cast()/bitcast()")
+        if op.float_only and not info.dtype.is_float:
+            raise GraphError(f"{op.value}: expected a float operand, found {info.dtype}")
+        if op is UnaryOp.NOT and not info.dtype.is_bool:
+            raise GraphError(f"not: expected a bool operand, found {info.dtype}")
+        if op is UnaryOp.BIT_NOT and not info.dtype.is_int:
+            raise GraphError(f"bit_not: expected an integer operand, found {info.dtype}")
+        if op in (UnaryOp.ABS, UnaryOp.NEG, UnaryOp.SIGN) and info.dtype.is_bool:
+            raise GraphError(f"{op.value}: bool operand")
+        return self._push(info.shape, info.dtype, Unary(x, op))
+
+    def cast(self, x: Value, dtype: DType) -> Value:
+        info = self[x]
+        if info.dtype == dtype:
+            return x
+        return self._push(info.shape, dtype, Unary(x, UnaryOp.CAST))
+
+    def bitcast(self, x: Value, dtype: DType) -> Value:
+        info = self[x]
+        if info.dtype == dtype:
+            return x
+        if info.dtype.size != dtype.size:
+            raise GraphError(f"bitcast: {info.dtype} and {dtype} differ in size")
+        return self._push(info.shape, dtype, Unary(x, UnaryOp.BITCAST))
+
+    def _operand(self, x: Operand, like: Value) -> Value:
+        if isinstance(x, Value):
+            return x
+        return self.scalar(x, self[like].dtype)
+
+    def binary(self, op: BinaryOp, a: Operand, b: Operand) -> Value:
+        """Elementwise binary op with NumPy broadcasting; python scalars take the other's dtype."""
+        if not isinstance(a, Value) and not isinstance(b, Value):
+            raise GraphError(f"{op.value}: at least one operand must be a Value")
+        a = self._operand(a, b) if not isinstance(a, Value) else a  # type: ignore[arg-type]
+        b = self._operand(b, a)
+        ai, bi = self[a], self[b]
+        if ai.dtype != bi.dtype:
+            raise GraphError(f"{op.value}: operand dtypes differ ({ai.dtype} and {bi.dtype})")
+        dt = ai.dtype
+        if op.is_logical and not dt.is_bool:
+            raise GraphError(f"{op.value}: expected bool operands, found {dt}")
+        if op.is_bitwise and not dt.is_int:
+            raise GraphError(f"{op.value}: expected integer operands, found {dt}")
+        if dt.is_bool and not (op.is_logical or op is BinaryOp.EQ):
+            raise GraphError(f"{op.value}: not defined on bool operands")
+        shape = broadcast_shapes(ai.shape, bi.shape)
+        # canonicalise: identities vanish (x+0, x-0, x*1, x/1, x**1, and 0+x, 1*x)
+        ident = op.identity
+        if ident is not None and ai.shape == shape and self.scalar_value(b) == ident:
+            return a
+        if op in (BinaryOp.ADD, BinaryOp.MUL) and bi.shape == shape and self.scalar_value(a) == ident:
+            return b
+        out_dt = DType.BOOL if op.is_comparison else dt
+        a, b = self.broadcast(a, shape), self.broadcast(b, shape)
+        return self._push(shape, out_dt, Binary(a, b, op))
+
+    def select(self, cond: Value, a: Operand, b: Operand) -> Value:
+        if not isinstance(a, Value) and not isinstance(b, Value):
+            raise GraphError("select: at least one of the branches must be a Value")
+        a = self._operand(a, b) if not isinstance(a, Value) else a  # type: ignore[arg-type]
+        b = self._operand(b, a)
+        ci, ai, bi = self[cond], self[a], self[b]
+        if not ci.dtype.is_bool:
+            raise GraphError(f"select: condition must be bool, found {ci.dtype}")
+        if ai.dtype != bi.dtype:
+            raise GraphError(f"select: branch dtypes differ ({ai.dtype} and {bi.dtype})")
+        shape = broadcast_shapes(ci.shape, ai.shape, bi.shape)
+        if a == b:
+            return self.broadcast(a, shape)
+        c = self.broadcast(cond, shape)
+        return self._push(shape, ai.dtype, Select(c, self.broadcast(a, shape), self.broadcast(b, shape)))
+
+    def iota(self, shape: Shape | Sequence[SizeLike], axis: int, dtype: DType = DType.I64) -> Value:
+        shape = shape if isinstance(shape, Shape) else Shape.from_seq(shape)
+        axis = _norm_axis(axis, shape.rank)
+        if dtype.is_bool:
+            raise GraphError("iota: bool dtype")
+        return self._push(shape, dtype, Iota(axis))
+
+    def softmax(self, x: Value, axis: int) -> Value:
+        info = self[x]
+        if not info.dtype.is_float:
+            raise GraphError(f"softmax: expected a float operand, found {info.dtype}")
+        return self._push(info.shape, info.dtype, Softmax(x, _norm_axis(axis, info.rank)))
+
+    def layernorm(self, x: Value, axis: int, eps: float) -> Value:
+        info = self[x]
+        if not info.dtype.is_float:
+            raise GraphError(f"layernorm: expected a float operand, found {info.dtype}")
+        return self._push(info.shape, info.dtype, Layernorm(x, _norm_axis(axis, info.rank), float(eps)))
+
+    def reduce(self, x: Value, axes: Sequence[int], op: ReduceOp, keepdims: bool = False) -> Value:
+        info = self[x]
+        axes_t = tuple(sorted({_norm_axis(a, info.rank) for a in axes}))
+        if op.is_arg and len(axes_t) != 1:
+            raise GraphError(f"reduce {op.value}: exactly one axis, found {list(axes)}")
+        if info.dtype.is_bool and op not in (ReduceOp.MIN, ReduceOp.MAX):
+            raise GraphError(f"reduce {op.value}: bool operand")
+        if op is ReduceOp.MEAN and not info.dtype.is_float:
+            raise GraphError(f"reduce mean: expected a float operand, found {info.dtype}")
+        kept = Shape(tuple(d for i, d in enumerate(info.shape) if i not in axes_t))
+        if op.is_arg:
+            out = self._push(kept, DType.I64, Reduce(x, axes_t, op))
+        elif not axes_t:
+            out = x
+        else:
+            out = self._push(kept, info.dtype, Reduce(x, axes_t, op))
+        if keepdims:
+            out = self.view(out, Shape(tuple(Size(1) if i in axes_t else d for i, d in enumerate(info.shape))))
+        return out
+
+    # -- printing -------------------------------------------------------------------------------------
+    def format_value(self, v: Value) -> str:
+        info = self[v]
+        op = info.op
+        match op:
+            case Unary(x, u):
+                if u is UnaryOp.CAST or u is UnaryOp.BITCAST:
+                    call = f"{u.value}_{info.dtype}({x})"
+                else:
+                    call = f"{u.value}({x})"
+            case Binary(a, b, bop):
+                call = f"{bop.value}({a}, {b})"
+            case Reduce(x, _, rop):
+                call = f"reduce_{rop.value}({x})"
+            case Input():
+                call = "input"
+            case Constant():
+                call = "const"
+            case _:
+                call = f"{op.NAME}({', '.join(str(x) for x in op.inputs)})"
+        attrs = op.attrs()
+        line = f"{v}: {info.dtype}{info.shape} = {call}"
+        if attrs:
+            line += f" {attrs}"
+        if isinstance(op, Input):
+            line += f' "{info.debug_name}"'
+        return line
+
+    def __str__(self) -> str:
+        lines = [self.format_value(v) for v in self.values()]
+        outs = ", ".join(f'{v} "{n}"' for v, n in zip(self.outputs, self.output_names, strict=True))
+        lines.append(f"outputs: {outs}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Graph {len(self)} values, {len(self.inputs)} inputs, {len(self.outputs)} outputs>"
+

@@ -1,0 +1,349 @@
+"""Convenience builders on top of the core ops: arithmetic shortcuts, NumPy-style matmul, padding,
+repetition, pooling and normalisations. Every one of them lowers to the orthogonal core ops."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from kn_graph.dtype import DType
+from kn_graph.errors import GraphError
+from kn_graph.ops import BinaryOp, ReduceOp, UnaryOp, Value
+from kn_graph.shape import Shape, Size, SizeLike
+
+if TYPE_CHECKING:
+    from kn_graph.graph import Graph, Operand
+
+__all__ = ["NNBuilders"]
+
+
+def _lowest(dtype: DType) -> float | int:
+    if dtype.is_float:
+        return -math.inf
+    if dtype.is_bool:
+        return False
+    return int(np.iinfo(dtype.np).min)
+
+
+class NNBuilders:
+    """Mixed into `Graph`; every method builds from the graph's core builders."""
+
+    __slots__ = ()
+
+    # -- elementwise shortcuts --------------------------------------------------------------------
+    def add(self: Graph, a: Operand, b: Operand) -> Value:
+        return self.binary(BinaryOp.ADD, a, b)
+
+    def sub(self: Graph, a: Operand, b: Operand) -> Value:
+        return self.binary(BinaryOp.SUB, a, b)
+
+    def mul(self: Graph, a: Operand, b: Operand) -> Value:
+        return self.binary(BinaryOp.MUL, a, b)
+
+    def div(self: Graph, a: Operand, b: Operand) -> Value:
+        return self.binary(BinaryOp.DIV, a, b)
+
+    def pow(self: Graph, a: Operand, b: Operand) -> Value:
+        return self.binary(BinaryOp.POW, a, b)
+
+    def minimum(self: Graph, a: Operand, b: Operand) -> Value:
+        return self.binary(BinaryOp.MIN, a, b)
+
+    def maximum(self: Graph, a: Operand, b: Operand) -> Value:
+        return self.binary(BinaryOp.MAX, a, b)
+
+    def neg(self: Graph, x: Value) -> Value:
+        return self.unary(UnaryOp.NEG, x)
+
+    def exp(self: Graph, x: Value) -> Value:
+        return self.unary(UnaryOp.EXP, x)
+
+    def log(self: Graph, x: Value) -> Value:
+        return self.unary(UnaryOp.LOG, x)
+
+    def sqrt(self: Graph, x: Value) -> Value:
+        return self.unary(UnaryOp.SQRT, x)
+
+    def relu(self: Graph, x: Value) -> Value:
+        return self.maximum(x, 0)
+
+    def clamp(self: Graph, x: Value, lo: Operand | None, hi: Operand | None) -> Value:
+        """min then max, as ONNX Clip: max(min(x, hi), lo)."""
+        if hi is not None:
+            x = self.minimum(x, hi)
+        if lo is not None:
+            x = self.maximum(x, lo)
+        return x
+
+    def gelu(self: Graph, x: Value, approximate: Literal["none", "tanh"] = "none") -> Value:
+        return self.unary(UnaryOp.GELU_TANH if approximate == "tanh" else UnaryOp.GELU, x)
+
+    def silu(self: Graph, x: Value) -> Value:
+        return self.unary(UnaryOp.SILU, x)
+
+    # -- shape helpers ----------------------------------------------------------------------------
+    def unsqueeze(self: Graph, x: Value, axes: Sequence[int]) -> Value:
+        shape = list(self[x].shape)
+        rank = len(shape) + len(axes)
+        norm = sorted(a + rank if a < 0 else a for a in axes)
+        if len(set(norm)) != len(norm) or any(not 0 <= a < rank for a in norm):
+            raise GraphError(f"unsqueeze: invalid axes {list(axes)} for output rank {rank}")
+        for a in norm:
+            shape.insert(a, Size(1))
+        return self.view(x, Shape.from_seq(shape))
+
+    def squeeze(self: Graph, x: Value, axes: Sequence[int] | None = None) -> Value:
+        shape = self[x].shape
+        if axes is None:
+            keep = [d for d in shape if d != Size(1)]
+        else:
+            norm = {a + shape.rank if a < 0 else a for a in axes}
+            for a in norm:
+                if not 0 <= a < shape.rank or shape[a] != Size(1):
+                    raise GraphError(f"squeeze: axis {a} of shape {shape} is not of size 1")
+            keep = [d for i, d in enumerate(shape) if i not in norm]
+        return self.view(x, Shape.from_seq(keep))
+
+    def flatten(self: Graph, x: Value, axis: int = 1) -> Value:
+        shape = self[x].shape
+        axis = axis + shape.rank if axis < 0 else axis
+        if not 0 <= axis <= shape.rank:
+            raise GraphError(f"flatten: axis {axis} out of range for rank {shape.rank}")
+        left = Shape(shape.dims[:axis]).size()
+        right = Shape(shape.dims[axis:]).size()
+        return self.view(x, Shape.of(left, right))
+
+    def repeat(self: Graph, x: Value, axis: int, n: SizeLike) -> Value:
+        """Tile: [a, b] repeated 2 times on axis 0 gives [a, b, a, b]."""
+        shape = self[x].shape
+        axis = axis + shape.rank if axis < 0 else axis
+        y = self.view(x, shape.insert(axis, 1))
+        y = self.broadcast(y, shape.insert(axis, n))
+        return self.view(y, shape.replace(axis, Size.of(n) * shape[axis]))
+
+    def repeat_interleave(self: Graph, x: Value, axis: int, n: SizeLike) -> Value:
+        """[a, b] repeated 2 times on axis 0 gives [a, a, b, b]."""
+        shape = self[x].shape
+        axis = axis + shape.rank if axis < 0 else axis
+        y = self.view(x, shape.insert(axis + 1, 1))
+        y = self.broadcast(y, shape.insert(axis + 1, n))
+        return self.view(y, shape.replace(axis, Size.of(n) * shape[axis]))
+
+    def pad(
+        self: Graph,
+        x: Value,
+        pads: Sequence[tuple[int, int]],
+        mode: Literal["constant", "reflect", "edge", "wrap"] = "constant",
+        value: float | int | bool = 0,
+    ) -> Value:
+        """Pad (before, after) per axis; negative amounts crop. Built from slices and concats."""
+        info = self[x]
+        if len(pads) != info.rank:
+            raise GraphError(f"pad: {len(pads)} (before, after) pairs for rank {info.rank}")
+        for axis, (before, after) in enumerate(pads):
+            if before < 0 or after < 0:
+                n = self[x].shape[axis]
+                end = n - max(-after, 0) if n.is_fixed else None
+                if end is None and after < 0:
+                    raise GraphError(f"pad: negative padding on symbolic axis {axis}")
+                x = self.slice(x, axis, max(-before, 0), end)
+            before, after = max(before, 0), max(after, 0)
+            if before == 0 and after == 0:
+                continue
+            shape = self[x].shape
+            n = shape[axis]
+            parts: list[Value] = []
+            if mode == "constant":
+                if before:
+                    parts.append(self.full(value, shape.replace(axis, before), info.dtype))
+                parts.append(x)
+                if after:
+                    parts.append(self.full(value, shape.replace(axis, after), info.dtype))
+            else:
+                size = n.as_int(f"pad ({mode}): axis {axis} size")
+                if size == 0:
+                    raise GraphError(f"pad ({mode}): cannot pad an empty axis {axis}")
+                if mode == "reflect" and (before >= size or after >= size):
+                    raise GraphError(f"pad (reflect): padding {before, after} must be < size {size}")
+                if mode == "edge":
+                    idx_b = np.zeros(before, np.int64)
+                    idx_a = np.full(after, size - 1, np.int64)
+                elif mode == "reflect":
+                    idx_b = np.arange(before, 0, -1)
+                    idx_a = np.arange(size - 2, size - 2 - after, -1)
+                elif mode == "wrap":
+                    idx_b = np.arange(-before, 0) % size
+                    idx_a = np.arange(size, size + after) % size
+                else:
+                    raise GraphError(f"pad: unknown mode '{mode}'")
+                idx = np.concatenate([idx_b, np.arange(size), idx_a]).astype(np.int64)
+                x = self.gather(x, axis, self.constant(idx))
+                continue
+            x = self.concat(parts, axis)
+        return x
+
+    # -- matmul and linear ------------------------------------------------------------------------
+    def matmul_nd(self: Graph, a: Value, b: Value) -> Value:
+        """NumPy `a @ b`: rank-1 promotion and batch broadcasting, lowered to a rank-3 MatMul."""
+        ai, bi = self[a], self[b]
+        if ai.rank == 0 or bi.rank == 0:
+            raise GraphError(f"matmul: scalar operand ({ai.shape} @ {bi.shape})")
+        a_vec, b_vec = ai.rank == 1, bi.rank == 1
+        if a_vec:
+            a = self.view(a, Shape.of(1, ai.shape[0]))
+        if b_vec:
+            b = self.view(b, Shape.of(bi.shape[0], 1))
+        sa, sb = self[a].shape, self[b].shape
+        m, k, k2, n = sa[-2], sa[-1], sb[-2], sb[-1]
+        if k != k2:
+            raise GraphError(f"matmul: inner sizes differ ({ai.shape} @ {bi.shape})")
+        batch = broadcast_batch(Shape(sa.dims[:-2]), Shape(sb.dims[:-2]))
+        b_batch = Shape(sb.dims[:-2]).size()
+        if b_batch == Size(1) and sa.rank >= 2:
+            # fold a's batch into its rows: one GEMM instead of a batch of them
+            a3 = self.view(a, Shape.of(1, Shape(sa.dims[:-1]).size(), k))
+            b3 = self.view(b, Shape.of(1, k, n))
+            out = self.view(self.matmul(a3, b3), batch + Shape.of(m, n))
+        else:
+            a_full = self.broadcast(a, batch + Shape.of(m, k))
+            b_full = self.broadcast(b, batch + Shape.of(k, n))
+            nb = batch.size()
+            out = self.matmul(self.view(a_full, Shape.of(nb, m, k)), self.view(b_full, Shape.of(nb, k, n)))
+            out = self.view(out, batch + Shape.of(m, n))
+        shape = self[out].shape
+        dims = list(shape.dims)
+        if b_vec:
+            dims.pop(-1)
+        if a_vec:
+            dims.pop(-2 if not b_vec else -1)
+        return self.view(out, Shape.from_seq(dims))
+
+    def linear(self: Graph, x: Value, w: Value, b: Value | None = None) -> Value:
+        """x @ wᵀ + b with w [out, in] (PyTorch's layout)."""
+        y = self.matmul_nd(x, self.permute(w, (1, 0)))
+        return y if b is None else self.add(y, b)
+
+    # -- pooling ----------------------------------------------------------------------------------
+    def pool(
+        self: Graph,
+        x: Value,
+        kind: Literal["max", "avg"],
+        kernel: Sequence[int],
+        stride: Sequence[int] | None = None,
+        pads: Sequence[tuple[int, int]] | None = None,
+        dilation: Sequence[int] | None = None,
+        ceil_mode: bool = False,
+        count_include_pad: bool = False,
+    ) -> Value:
+        """Max/average pooling over the trailing len(kernel) axes, as strided slices of the padded
+        input combined with max/add (one fused elementwise kernel on a GPU)."""
+        info = self[x]
+        nd = len(kernel)
+        if nd == 0 or nd > info.rank:
+            raise GraphError(f"pool: kernel {list(kernel)} does not fit input {info.shape}")
+        if kind == "avg" and not info.dtype.is_float:
+            raise GraphError(f"avg pool: expected a float operand, found {info.dtype}")
+        stride = tuple(stride or (1,) * nd)
+        dilation = tuple(dilation or (1,) * nd)
+        pads = tuple(pads or ((0, 0),) * nd)
+        if not len(stride) == len(dilation) == len(pads) == nd:
+            raise GraphError("pool: kernel, stride, dilation and pads must have one entry per axis")
+        first = info.rank - nd
+        sizes = [info.shape[first + i].as_int("pool: spatial size") for i in range(nd)]
+        outs, extra = [], []
+        for i in range(nd):
+            n, k, s, d = sizes[i], kernel[i], stride[i], dilation[i]
+            pb, pa = pads[i]
+            if k < 1 or s < 1 or d < 1 or pb < 0 or pa < 0:
+                raise GraphError(f"pool: invalid kernel/stride/dilation/pads on axis {i}")
+            span = n + pb + pa - d * (k - 1) - 1
+            if span < 0:
+                raise GraphError(f"pool: kernel {list(kernel)} larger than padded input {info.shape}")
+            o = (-(-span // s) if ceil_mode else span // s) + 1
+            if ceil_mode and (o - 1) * s >= n + pb:
+                o -= 1
+            outs.append(o)
+            extra.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (n + pb + pa)))
+        fill = _lowest(info.dtype) if kind == "max" else 0
+        padded = self.pad(
+            x, [(0, 0)] * first + [(pb, pa + e) for (pb, pa), e in zip(pads, extra, strict=True)],
+            value=fill,
+        )
+        acc: Value | None = None
+        for offs in np.ndindex(*kernel):
+            win = padded
+            for i, o in enumerate(offs):
+                win = self.slice_raw(win, first + i, o * dilation[i], stride[i], outs[i])
+            if acc is None:
+                acc = win
+            else:
+                acc = self.maximum(acc, win) if kind == "max" else self.add(acc, win)
+        assert acc is not None
+        if kind == "max":
+            return acc
+        # divide by the number of counted positions of each window, computed here once
+        ones = np.zeros([p + n + a + e for (p, a), n, e in zip(pads, sizes, extra, strict=True)])
+        lo = [0 if count_include_pad else p for p, _ in pads]
+        hi = [p + n + (a if count_include_pad else 0) for (p, a), n in zip(pads, sizes, strict=True)]
+        ones[tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))] = 1
+        counts = np.zeros(outs)
+        for offs in np.ndindex(*kernel):
+            counts += ones[tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, s, m in zip(offs, dilation, stride, outs, strict=True))]
+        if np.all(counts == counts.flat[0]):
+            return self.mul(acc, float(1.0 / counts.flat[0]))
+        return self.mul(acc, self.constant((1.0 / np.maximum(counts, 1)).astype(info.dtype.np)))
+
+    def global_pool(self: Graph, x: Value, kind: Literal["max", "avg"], first_axis: int = 2) -> Value:
+        axes = list(range(first_axis, self[x].rank))
+        return self.reduce(x, axes, ReduceOp.MAX if kind == "max" else ReduceOp.MEAN, keepdims=True)
+
+    # -- normalisations ---------------------------------------------------------------------------
+    def _affine(self: Graph, y: Value, scale: Value | None, bias: Value | None) -> Value:
+        if scale is not None:
+            y = self.mul(y, scale)
+        if bias is not None:
+            y = self.add(y, bias)
+        return y
+
+    def layer_norm(
+        self: Graph, x: Value, axis: int, eps: float, scale: Value | None = None, bias: Value | None = None
+    ) -> Value:
+        """Normalise over axes axis..rank-1 (merged into one), then scale and bias."""
+        shape = self[x].shape
+        axis = axis + shape.rank if axis < 0 else axis
+        if axis == shape.rank - 1:
+            y = self.layernorm(x, axis, eps)
+        else:
+            flat = Shape(shape.dims[:axis]) + Shape.of(Shape(shape.dims[axis:]).size())
+            y = self.view(self.layernorm(self.view(x, flat), axis, eps), shape)
+        return self._affine(y, scale, bias)
+
+    def group_norm(
+        self: Graph, x: Value, groups: int, eps: float, scale: Value | None = None, bias: Value | None = None
+    ) -> Value:
+        """x [N, C, *spatial]; statistics per (sample, group); scale/bias per channel [C]."""
+        shape = self[x].shape
+        c = shape[1]
+        if not Size(groups).divides(c):
+            raise GraphError(f"group_norm: {c} channels not divisible into {groups} groups")
+        grouped = Shape.of(shape[0], groups, Shape(shape.dims[1:]).size() // groups)
+        y = self.view(self.layernorm(self.view(x, grouped), 2, eps), shape)
+        per_channel = Shape.of(c, *([1] * (shape.rank - 2)))
+        s = None if scale is None else self.view(scale, per_channel)
+        b = None if bias is None else self.view(bias, per_channel)
+        return self._affine(y, s, b)
+
+    def instance_norm(
+        self: Graph, x: Value, eps: float, scale: Value | None = None, bias: Value | None = None
+    ) -> Value:
+        c = self[x].shape[1].as_int("instance_norm: channels")
+        return self.group_norm(x, c, eps, scale, bias)
+
+
+def broadcast_batch(a: Shape, b: Shape) -> Shape:
+    from kn_graph.graph import broadcast_shapes
+
+    return broadcast_shapes(a, b)

@@ -1,0 +1,308 @@
+"""What an ONNX op handler sees: the node's inputs (graph values or load-time `Known` tensors),
+its attributes (consumption is recorded, leftovers are refused), and the graph to build into.
+
+Handlers live in a registry, one module per op family:
+
+    @onnx_op("Relu")
+    def relu(ctx: NodeContext) -> Result:
+        return ctx.graph.relu(ctx.input(0))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+
+import numpy as np
+import onnx
+
+from kn_graph.dtype import DType
+from kn_graph.errors import StaticInputRequiredError, UnsupportedOnnxError
+from kn_graph.graph import Graph
+from kn_graph.ops import Input, ReduceOp, Value
+from kn_graph.shape import Shape, Size
+
+if TYPE_CHECKING:
+    from kn_graph.onnx.loader import Loader
+
+__all__ = ["HANDLERS", "Known", "NodeContext", "Result", "onnx_dtype", "onnx_op"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Known:
+    """An integer/bool tensor whose value is known at load time, possibly symbolic: `data` is a
+    NumPy array of `dtype` or, when any element is a symbolic `Size`, an object array of ints and
+    Sizes (a *shape tensor*). Shape arithmetic runs on these, never in the graph."""
+
+    data: np.ndarray
+    dtype: DType
+
+    @staticmethod
+    def of(data: np.ndarray | Sequence[object], dtype: DType) -> Known:
+        arr = np.asarray(data, dtype=object)
+        flat = [_simplify(x) for x in arr.reshape(-1)]
+        if all(not isinstance(x, Size) for x in flat):
+            num = np.array(flat, dtype=dtype.np).reshape(arr.shape) if flat else np.zeros(arr.shape, dtype.np)
+            return Known(num, dtype)
+        out = np.empty(len(flat), dtype=object)
+        out[:] = flat
+        return Known(out.reshape(arr.shape), dtype)
+
+    @property
+    def is_symbolic(self) -> bool:
+        return self.data.dtype == object
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    def sizes(self) -> list[Size]:
+        """The elements as Sizes (for use as a shape)."""
+        return [x if isinstance(x, Size) else Size(int(x)) for x in self.data.reshape(-1)]
+
+
+def _simplify(x: object) -> object:
+    if isinstance(x, Size):
+        return x.factor if x.is_fixed else x
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+Result = Value | Known
+Handler = Callable[["NodeContext"], Result | Sequence[Result | None]]
+HANDLERS: dict[str, Handler] = {}
+
+
+def onnx_op(*op_types: str) -> Callable[[Handler], Handler]:
+    """Register a handler for one or more ONNX op types of the default domain."""
+
+    def register(f: Handler) -> Handler:
+        for t in op_types:
+            if t in HANDLERS:
+                raise RuntimeError(f"two handlers for ONNX op {t}")
+            HANDLERS[t] = f
+        return f
+
+    return register
+
+
+_ONNX_TO_DTYPE = {
+    onnx.TensorProto.FLOAT: DType.F32,
+    onnx.TensorProto.DOUBLE: DType.F64,
+    onnx.TensorProto.FLOAT16: DType.F16,
+    onnx.TensorProto.INT8: DType.I8,
+    onnx.TensorProto.INT16: DType.I16,
+    onnx.TensorProto.INT32: DType.I32,
+    onnx.TensorProto.INT64: DType.I64,
+    onnx.TensorProto.UINT8: DType.U8,
+    onnx.TensorProto.UINT16: DType.U16,
+    onnx.TensorProto.UINT32: DType.U32,
+    onnx.TensorProto.UINT64: DType.U64,
+    onnx.TensorProto.BOOL: DType.BOOL,
+}
+
+
+def onnx_dtype(elem_type: int, where: str) -> DType:
+    """Our dtype for an ONNX element type; bf16 is not one (initializers convert it to f32)."""
+    dt = _ONNX_TO_DTYPE.get(elem_type)
+    if dt is None:
+        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else str(elem_type)
+        raise UnsupportedOnnxError(where, "", f"element type {name} is not supported")
+    return dt
+
+
+class NodeContext:
+    """One node being imported. Read inputs and attributes through it; it records what was used."""
+
+    def __init__(self, loader: Loader, node: onnx.NodeProto, opset: int) -> None:
+        self.loader = loader
+        self.graph: Graph = loader.graph
+        self.node = node
+        self.opset = opset
+        self.name = node.name or f"{node.op_type}#{loader.node_index}"
+        self.op_type = node.op_type
+        self._attrs = {a.name: a for a in node.attribute}
+        self._used_attrs: set[str] = set()
+        self._used_inputs: set[int] = set()
+
+    # -- errors ---------------------------------------------------------------------------------
+    def unsupported(self, detail: str) -> NoReturn:
+        raise UnsupportedOnnxError(self.name, self.op_type, detail)
+
+    # -- inputs ---------------------------------------------------------------------------------
+    @property
+    def num_inputs(self) -> int:
+        return len(self.node.input)
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.node.input) and self.node.input[i] != ""
+
+    def input_name(self, i: int) -> str:
+        return self.node.input[i]
+
+    def raw_input(self, i: int) -> Result:
+        if not self.has_input(i):
+            self.unsupported(f"input {i} is required")
+        self._used_inputs.add(i)
+        return self.loader.lookup(self.node.input[i], self)
+
+    def input(self, i: int) -> Value:
+        """Input i as a graph value (a Known is materialised as a constant or size expression)."""
+        r = self.raw_input(i)
+        return self.materialize(r) if isinstance(r, Known) else r
+
+    def optional_input(self, i: int) -> Value | None:
+        return self.input(i) if self.has_input(i) else None
+
+    def inputs(self) -> list[Value]:
+        return [self.input(i) for i in range(self.num_inputs) if self.has_input(i)]
+
+    def input_known(self, i: int) -> Known | None:
+        """Input i as a Known when its value is known at load time (constant, shape tensor)."""
+        r = self.raw_input(i)
+        if isinstance(r, Known):
+            return r
+        arr = self.graph.const_value(r)
+        if arr is not None and (arr.dtype.kind in "iub"):
+            return Known(arr, self.graph[r].dtype)
+        return None
+
+    def input_static(self, i: int, what: str) -> np.ndarray:
+        """The concrete value of input i, which must be known at load time and free of symbols."""
+        r = self.raw_input(i)
+        if isinstance(r, Known):
+            if r.is_symbolic:
+                self.unsupported(f"{what} (input {i}) depends on symbolic sizes {r.data.tolist()}")
+            return r.data
+        arr = self.graph.const_value(r)
+        if arr is not None:
+            return arr
+        info = self.graph[r]
+        if isinstance(info.op, Input):
+            raise StaticInputRequiredError(self.name, self.op_type, self.node.input[i], what)
+        self.unsupported(f"{what} (input {i}, '{self.node.input[i]}') must be a constant, found a computed value")
+
+    def input_sizes(self, i: int, what: str) -> list[Size]:
+        """Input i as a list of (possibly symbolic) sizes, e.g. the target of a Reshape."""
+        r = self.raw_input(i)
+        if isinstance(r, Known):
+            return r.sizes()
+        return [Size(int(x)) for x in self.input_static(i, what).reshape(-1)]
+
+    def input_shape(self, i: int) -> Shape:
+        r = self.raw_input(i)
+        if isinstance(r, Known):
+            return Shape.of(*r.shape)
+        return self.graph[r].shape
+
+    def input_dtype(self, i: int) -> DType:
+        r = self.raw_input(i)
+        return r.dtype if isinstance(r, Known) else self.graph[r].dtype
+
+    def input_rank(self, i: int) -> int:
+        return len(self.input_shape(i))
+
+    def materialize(self, k: Known) -> Value:
+        """A Known as a graph value: a constant, or for symbolic elements a size expression."""
+        if not k.is_symbolic:
+            return self.graph.constant(k.data, k.dtype)
+        g = self.graph
+        elems: list[Value] = []
+        for x in k.data.reshape(-1):
+            if isinstance(x, Size):
+                elems.append(self.size_value(x, k.dtype))
+            else:
+                elems.append(g.view(g.scalar(int(x), k.dtype), [1]))
+        flat = g.concat([g.view(e, [1]) for e in elems], 0)
+        return g.view(flat, Shape.of(*k.shape))
+
+    def size_value(self, s: Size, dtype: DType) -> Value:
+        """A symbolic size as a rank-0 runtime value: the element count of a broadcast of ones."""
+        g = self.graph
+        dims = [Size.sym(sym) for sym, e in s.terms for _ in range(e)]
+        count = g.reduce(g.full(1, Shape.of(*dims), dtype), list(range(len(dims))), ReduceOp.SUM)
+        return g.mul(count, s.factor) if s.factor != 1 else count
+
+    # -- attributes -----------------------------------------------------------------------------
+    def has_attr(self, name: str) -> bool:
+        return name in self._attrs
+
+    def _attr(self, name: str) -> onnx.AttributeProto | None:
+        a = self._attrs.get(name)
+        if a is not None:
+            self._used_attrs.add(name)
+            if a.ref_attr_name:
+                self.unsupported(f"attribute '{name}' refers to a function attribute")
+        return a
+
+    def attr_int(self, name: str, default: int | None = None) -> int:
+        a = self._attr(name)
+        if a is None:
+            if default is None:
+                self.unsupported(f"attribute '{name}' is required")
+            return default
+        return int(a.i)
+
+    def attr_float(self, name: str, default: float | None = None) -> float:
+        a = self._attr(name)
+        if a is None:
+            if default is None:
+                self.unsupported(f"attribute '{name}' is required")
+            return default
+        return float(a.f)
+
+    def attr_str(self, name: str, default: str | None = None) -> str:
+        a = self._attr(name)
+        if a is None:
+            if default is None:
+                self.unsupported(f"attribute '{name}' is required")
+            return default
+        return a.s.decode()
+
+    def attr_ints(self, name: str, default: Sequence[int] | None = None) -> list[int] | None:
+        a = self._attr(name)
+        if a is None:
+            return None if default is None else list(default)
+        return [int(x) for x in a.ints]
+
+    def attr_floats(self, name: str, default: Sequence[float] | None = None) -> list[float] | None:
+        a = self._attr(name)
+        if a is None:
+            return None if default is None else list(default)
+        return [float(x) for x in a.floats]
+
+    def attr_tensor(self, name: str) -> np.ndarray | None:
+        a = self._attr(name)
+        if a is None:
+            return None
+        return self.loader.tensor_to_array(a.t, self.name)
+
+    def attr_graph(self, name: str) -> onnx.GraphProto | None:
+        a = self._attr(name)
+        return None if a is None else a.g
+
+    def ignore_attrs(self, *names: str) -> None:
+        """Mark attributes as consumed that have no effect on inference (e.g. Dropout's seed)."""
+        for n in names:
+            if n in self._attrs:
+                self._used_attrs.add(n)
+
+    def check_all_used(self) -> None:
+        left = [n for n in self._attrs if n not in self._used_attrs]
+        if left:
+            a = self._attrs[left[0]]
+            self.unsupported(f"attribute '{left[0]}' ({onnx.helper.get_attribute_value(a)!r}) is not supported")
+        unused = [i for i, n in enumerate(self.node.input) if n and i not in self._used_inputs]
+        if unused:
+            self.unsupported(f"input {unused[0]} ('{self.node.input[unused[0]]}') is not supported")
+
+    # -- helpers for handlers -------------------------------------------------------------------
+    def axis(self, axis: int, rank: int) -> int:
+        if not -rank <= axis < max(rank, 1):
+            self.unsupported(f"axis {axis} out of range for rank {rank}")
+        return axis + rank if axis < 0 else axis
+
+    def const_of(self, value: Value) -> np.ndarray | None:
+        return self.graph.const_value(value)

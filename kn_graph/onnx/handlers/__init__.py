@@ -1,0 +1,3 @@
+"""ONNX op handlers, one module per op family; importing this package registers them all."""
+
+from kn_graph.onnx.handlers import elementwise, nn, reduce, shape  # noqa: F401

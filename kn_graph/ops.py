@@ -1,0 +1,467 @@
+"""The closed set of IR operations: one frozen dataclass per op, sub-kinds as enums.
+
+Every op lists its operand fields in `OPERANDS`; `inputs` and `map_inputs` derive from it, so no
+pass ever names operand fields by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from kn_graph.shape import Size
+
+__all__ = [
+    "Binary",
+    "BinaryOp",
+    "Broadcast",
+    "Concat",
+    "Constant",
+    "Conv",
+    "ConvDetails",
+    "Gather",
+    "Input",
+    "Iota",
+    "Layernorm",
+    "MatMul",
+    "Op",
+    "Permute",
+    "Reduce",
+    "ReduceOp",
+    "Select",
+    "Slice",
+    "Softmax",
+    "Tensor",
+    "Unary",
+    "UnaryOp",
+    "Value",
+    "View",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A handle to one node of one graph: its index and the id of the graph that owns it."""
+
+    index: int
+    graph_id: int
+
+    def __str__(self) -> str:
+        return f"%{self.index}"
+
+    def __repr__(self) -> str:
+        return f"Value(%{self.index})"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Tensor:
+    """Read-only constant data, hashed and compared by content (dtype, shape, bytes digest)."""
+
+    array: np.ndarray
+    digest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        arr = np.asarray(self.array)
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr).reshape(arr.shape)
+        if arr.flags.writeable:  # the caller may still hold it: take a private copy
+            arr = arr.copy()
+            arr.flags.writeable = False
+        object.__setattr__(self, "array", arr)
+        h = hashlib.blake2b(arr.tobytes(), digest_size=16)
+        h.update(f"{arr.dtype.str}{arr.shape}".encode())
+        object.__setattr__(self, "digest", h.hexdigest())
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tensor) and other.digest == self.digest
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.array.dtype}{list(self.array.shape)}, {self.digest[:8]})"
+
+
+class UnaryOp(enum.Enum):
+    ABS = "abs"
+    NEG = "neg"
+    SIN = "sin"
+    COS = "cos"
+    TAN = "tan"
+    ASIN = "asin"
+    ACOS = "acos"
+    ATAN = "atan"
+    SINH = "sinh"
+    COSH = "cosh"
+    ASINH = "asinh"
+    ACOSH = "acosh"
+    ATANH = "atanh"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    ERF = "erf"
+    SOFTPLUS = "softplus"
+    RECIPROCAL = "reciprocal"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    ROUND = "round"
+    SIGN = "sign"
+    NOT = "not"
+    BIT_NOT = "bit_not"
+    GELU = "gelu"  # exact, x·Φ(x) with erf
+    GELU_TANH = "gelu_tanh"  # the tanh approximation
+    SILU = "silu"
+    CAST = "cast"
+    BITCAST = "bitcast"
+
+    @property
+    def float_only(self) -> bool:
+        """Transcendental ops defined on floating point only."""
+        return self not in _UNARY_ANY_TYPE
+
+    @property
+    def changes_dtype(self) -> bool:
+        return self in (UnaryOp.CAST, UnaryOp.BITCAST)
+
+
+_UNARY_ANY_TYPE = frozenset(
+    {UnaryOp.ABS, UnaryOp.NEG, UnaryOp.SIGN, UnaryOp.NOT, UnaryOp.BIT_NOT, UnaryOp.CAST, UnaryOp.BITCAST}
+)
+
+
+class BinaryOp(enum.Enum):
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    POW = "pow"
+    MIN = "min"
+    MAX = "max"
+    MOD = "mod"  # sign of the divisor (Python / ONNX fmod=0); FMOD is C fmod
+    FMOD = "fmod"
+    EQ = "eq"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    AND = "and"
+    OR = "or"
+    XOR = "xor"
+    BIT_AND = "bit_and"
+    BIT_OR = "bit_or"
+    BIT_XOR = "bit_xor"
+    SHL = "shl"
+    SHR = "shr"
+
+    @property
+    def is_comparison(self) -> bool:
+        return self in _COMPARISONS
+
+    @property
+    def is_logical(self) -> bool:
+        return self in (BinaryOp.AND, BinaryOp.OR, BinaryOp.XOR)
+
+    @property
+    def is_bitwise(self) -> bool:
+        return self in (BinaryOp.BIT_AND, BinaryOp.BIT_OR, BinaryOp.BIT_XOR, BinaryOp.SHL, BinaryOp.SHR)
+
+    @property
+    def is_commutative(self) -> bool:
+        return self in _COMMUTATIVE
+
+    @property
+    def identity(self) -> float | None:
+        """The right identity element (x op identity == x), if any."""
+        return _IDENTITY.get(self)
+
+
+_COMPARISONS = frozenset({BinaryOp.EQ, BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE})
+_COMMUTATIVE = frozenset(
+    {
+        BinaryOp.ADD,
+        BinaryOp.MUL,
+        BinaryOp.MIN,
+        BinaryOp.MAX,
+        BinaryOp.EQ,
+        BinaryOp.AND,
+        BinaryOp.OR,
+        BinaryOp.XOR,
+        BinaryOp.BIT_AND,
+        BinaryOp.BIT_OR,
+        BinaryOp.BIT_XOR,
+    }
+)
+_IDENTITY = {BinaryOp.ADD: 0.0, BinaryOp.SUB: 0.0, BinaryOp.MUL: 1.0, BinaryOp.DIV: 1.0, BinaryOp.POW: 1.0}
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    MEAN = "mean"
+    PROD = "prod"
+    MIN = "min"
+    MAX = "max"
+    ARGMIN = "argmin"
+    ARGMAX = "argmax"
+
+    @property
+    def is_arg(self) -> bool:
+        return self in (ReduceOp.ARGMIN, ReduceOp.ARGMAX)
+
+
+@dataclass(frozen=True, slots=True)
+class ConvDetails:
+    """N-d convolution geometry; `padding` is symmetric per spatial axis."""
+
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int = 1
+
+    @property
+    def rank(self) -> int:
+        return len(self.stride)
+
+
+class Op:
+    """Base of every op. Subclasses are frozen slotted dataclasses naming operands in OPERANDS."""
+
+    __slots__ = ()
+    OPERANDS: ClassVar[tuple[str, ...]] = ()
+    NAME: ClassVar[str] = "op"
+
+    @property
+    def inputs(self) -> tuple[Value, ...]:
+        out: list[Value] = []
+        for f in self.OPERANDS:
+            v = getattr(self, f)
+            if isinstance(v, tuple):
+                out.extend(v)
+            else:
+                out.append(v)
+        return tuple(out)
+
+    def map_inputs(self, f: Callable[[Value], Value]) -> Op:
+        if not self.OPERANDS:
+            return self
+        changes = {}
+        for name in self.OPERANDS:
+            v = getattr(self, name)
+            changes[name] = tuple(f(x) for x in v) if isinstance(v, tuple) else f(v)
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+    def attrs(self) -> str:
+        """Key attributes, printed after the operands."""
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Input(Op):
+    index: int
+    NAME: ClassVar[str] = "input"
+
+    def attrs(self) -> str:
+        return f"#{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class Constant(Op):
+    tensor: Tensor
+    NAME: ClassVar[str] = "const"
+
+    def attrs(self) -> str:
+        a = self.tensor.array
+        if a.ndim == 0:
+            return repr(a.item())
+        if a.size <= 4:
+            return str(a.reshape(-1).tolist()).replace(" ", "")
+        return f"<{a.size} values>"
+
+
+@dataclass(frozen=True, slots=True)
+class View(Op):
+    x: Value
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x",)
+    NAME: ClassVar[str] = "view"
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast(Op):
+    x: Value
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x",)
+    NAME: ClassVar[str] = "broadcast"
+
+
+@dataclass(frozen=True, slots=True)
+class Permute(Op):
+    x: Value
+    perm: tuple[int, ...]
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x",)
+    NAME: ClassVar[str] = "permute"
+
+    def attrs(self) -> str:
+        return f"perm={list(self.perm)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Slice(Op):
+    """Elements start, start+step, … along `axis` (step ≠ 0, may be negative); the count is the
+    output's size on that axis, so a negative step needs no end sentinel. `start` is a Size."""
+
+    x: Value
+    axis: int
+    start: Size
+    step: int
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x",)
+    NAME: ClassVar[str] = "slice"
+
+    def attrs(self) -> str:
+        return f"axis={self.axis} start={self.start} step={self.step}"
+
+
+@dataclass(frozen=True, slots=True)
+class Gather(Op):
+    """out = x.take(indices, axis); `indices` is a rank-1 integer value; out-of-range raises."""
+
+    x: Value
+    axis: int
+    indices: Value
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x", "indices")
+    NAME: ClassVar[str] = "gather"
+
+    def attrs(self) -> str:
+        return f"axis={self.axis}"
+
+
+@dataclass(frozen=True, slots=True)
+class Concat(Op):
+    xs: tuple[Value, ...]
+    axis: int
+    OPERANDS: ClassVar[tuple[str, ...]] = ("xs",)
+    NAME: ClassVar[str] = "concat"
+
+    def attrs(self) -> str:
+        return f"axis={self.axis}"
+
+
+@dataclass(frozen=True, slots=True)
+class Conv(Op):
+    """Cross-correlation of x [N, C, *spatial] with w [K, C/groups, *kernel]; no bias."""
+
+    x: Value
+    w: Value
+    details: ConvDetails
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x", "w")
+    NAME: ClassVar[str] = "conv"
+
+    def attrs(self) -> str:
+        d = self.details
+
+        def fmt(t: tuple[int, ...]) -> str:
+            return "x".join(map(str, t)) if len(set(t)) > 1 else str(t[0]) if t else "-"
+
+        s = f"s={fmt(d.stride)} p={fmt(d.padding)}"
+        if any(x != 1 for x in d.dilation):
+            s += f" d={fmt(d.dilation)}"
+        if d.groups != 1:
+            s += f" g={d.groups}"
+        return s
+
+
+@dataclass(frozen=True, slots=True)
+class MatMul(Op):
+    """Batched matrix product [b, m, k] @ [b, k, n] -> [b, m, n] (rank exactly 3)."""
+
+    a: Value
+    b: Value
+    OPERANDS: ClassVar[tuple[str, ...]] = ("a", "b")
+    NAME: ClassVar[str] = "matmul"
+
+
+@dataclass(frozen=True, slots=True)
+class Unary(Op):
+    """Elementwise unary; CAST/BITCAST take their target type from the output dtype."""
+
+    x: Value
+    op: UnaryOp
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x",)
+    NAME: ClassVar[str] = "unary"
+
+
+@dataclass(frozen=True, slots=True)
+class Binary(Op):
+    """Elementwise binary on equal shapes (broadcasting is explicit in the graph)."""
+
+    a: Value
+    b: Value
+    op: BinaryOp
+    OPERANDS: ClassVar[tuple[str, ...]] = ("a", "b")
+    NAME: ClassVar[str] = "binary"
+
+
+@dataclass(frozen=True, slots=True)
+class Select(Op):
+    """Elementwise `cond ? a : b` on equal shapes."""
+
+    cond: Value
+    a: Value
+    b: Value
+    OPERANDS: ClassVar[tuple[str, ...]] = ("cond", "a", "b")
+    NAME: ClassVar[str] = "select"
+
+
+@dataclass(frozen=True, slots=True)
+class Iota(Op):
+    """The index along `axis`, broadcast over the output shape (shape and dtype in the info)."""
+
+    axis: int
+    NAME: ClassVar[str] = "iota"
+
+    def attrs(self) -> str:
+        return f"axis={self.axis}"
+
+
+@dataclass(frozen=True, slots=True)
+class Softmax(Op):
+    x: Value
+    axis: int
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x",)
+    NAME: ClassVar[str] = "softmax"
+
+    def attrs(self) -> str:
+        return f"axis={self.axis}"
+
+
+@dataclass(frozen=True, slots=True)
+class Layernorm(Op):
+    """(x - mean) / sqrt(var + eps) along `axis`, without scale and bias."""
+
+    x: Value
+    axis: int
+    eps: float
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x",)
+    NAME: ClassVar[str] = "layernorm"
+
+    def attrs(self) -> str:
+        return f"axis={self.axis} eps={self.eps:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce(Op):
+    """Reduction over `axes` (sorted, removed from the shape); ARGMIN/ARGMAX take one axis."""
+
+    x: Value
+    axes: tuple[int, ...]
+    op: ReduceOp
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x",)
+    NAME: ClassVar[str] = "reduce"
+
+    def attrs(self) -> str:
+        return f"axes={list(self.axes)}"
