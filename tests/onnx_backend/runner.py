@@ -1,0 +1,131 @@
+"""Run the ONNX backend node test cases shipped inside the `onnx` package through our loader and
+the CPU executor, with ONNX's own tolerances.
+
+    python -m tests.onnx_backend.runner            # summary and failures by category
+    python -m tests.onnx_backend.runner --update   # also rewrite passing.txt (it may only grow)
+    python -m tests.onnx_backend.runner -k conv    # only tests whose name contains 'conv'
+
+Categories: pass; unsupported (one of our exceptions, KnError); mismatch (wrong numbers, dtype or
+shape: a silent wrong answer, must be zero); internal (any other exception: a bug, must be zero).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kn_graph.cpu import evaluate
+from kn_graph.errors import KnError, StaticInputRequiredError
+from kn_graph.onnx import load_onnx
+
+PASSING = Path(__file__).with_name("passing.txt")
+MAX_PINNED = 8
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    status: str  # pass | unsupported | mismatch | internal
+    detail: str = ""
+
+
+def load_cases() -> list:
+    from onnx.backend.test.loader import load_model_tests
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return load_model_tests(kind="node")
+
+
+def _graph_input_names(model) -> list[str]:
+    inits = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def run_case(case) -> Outcome:
+    model = case.model
+    names = _graph_input_names(model)
+    if not case.data_sets:
+        return Outcome(case.name, "unsupported", "no data sets")
+    inputs, expected = case.data_sets[0]
+    if len(inputs) != len(names) or not all(isinstance(a, np.ndarray) for a in inputs):
+        return Outcome(case.name, "unsupported", "non-tensor inputs (sequences/optionals)")
+    if not all(isinstance(a, np.ndarray) for a in expected):
+        return Outcome(case.name, "unsupported", "non-tensor outputs (sequences/optionals)")
+    by_name = dict(zip(names, inputs, strict=True))
+    pinned: dict[str, np.ndarray] = {}
+    try:
+        for _ in range(MAX_PINNED + 1):
+            try:
+                graph = load_onnx(model, input_values=pinned)
+                break
+            except StaticInputRequiredError as e:
+                if e.input_name not in by_name or e.input_name in pinned:
+                    raise
+                pinned[e.input_name] = by_name[e.input_name]
+        else:
+            return Outcome(case.name, "unsupported", "too many inputs needed at load time")
+        feed = {n: by_name[n] for n in graph.input_names}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outs = evaluate(graph, feed)
+    except KnError as e:
+        return Outcome(case.name, "unsupported", f"{type(e).__name__}: {e}")
+    except Exception as e:  # a bug of ours: keep the place it happened
+        tb = traceback.extract_tb(e.__traceback__)[-1]
+        return Outcome(case.name, "internal", f"{type(e).__name__}: {e} at {Path(tb.filename).name}:{tb.lineno}")
+    if len(outs) != len(expected):
+        return Outcome(case.name, "mismatch", f"{len(outs)} outputs, expected {len(expected)}")
+    for i, (got, ref) in enumerate(zip(outs, expected, strict=True)):
+        if got.dtype != ref.dtype or got.shape != ref.shape:
+            return Outcome(case.name, "mismatch", f"output {i}: {got.dtype}{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}")
+        if ref.dtype.kind in "fc":
+            ok = np.allclose(got, ref, rtol=case.rtol, atol=case.atol, equal_nan=True)
+        else:
+            ok = np.array_equal(got, ref)
+        if not ok:
+            err = np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))) if got.size else 0
+            return Outcome(case.name, "mismatch", f"output {i}: max abs diff {err:.3g}")
+    return Outcome(case.name, "pass", "pinned: " + ",".join(pinned) if pinned else "")
+
+
+def run_all(filter_: str | None = None) -> list[Outcome]:
+    cases = [c for c in load_cases() if filter_ is None or filter_ in c.name]
+    return [run_case(c) for c in cases]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-k", dest="filter", help="only tests whose name contains this")
+    ap.add_argument("--update", action="store_true", help="rewrite passing.txt with the passes")
+    ap.add_argument("-v", action="store_true", help="print every non-passing test")
+    args = ap.parse_args(argv)
+    outcomes = run_all(args.filter)
+    counts = collections.Counter(o.status for o in outcomes)
+    for o in outcomes:
+        if o.status in ("mismatch", "internal") or (args.v and o.status != "pass"):
+            print(f"{o.status:11s} {o.name}: {o.detail}")
+    by_op = collections.Counter(o.detail.split(":")[0] for o in outcomes if o.status == "unsupported")
+    print(f"\n{len(outcomes)} tests: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if args.update and args.filter is None:
+        old = set(PASSING.read_text().split()) if PASSING.exists() else set()
+        new = {o.name for o in outcomes if o.status == "pass"}
+        lost = sorted(old - new)
+        if lost:
+            print(f"refusing to update: {len(lost)} previously passing tests fail: {lost[:10]}")
+            return 1
+        PASSING.write_text("\n".join(sorted(new)) + "\n")
+        print(f"wrote {len(new)} names to {PASSING}")
+    del by_op
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
