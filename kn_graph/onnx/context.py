@@ -229,16 +229,20 @@ class NodeContext:
     def has_attr(self, name: str) -> bool:
         return name in self._attrs
 
-    def _attr(self, name: str) -> onnx.AttributeProto | None:
+    def _attr(self, name: str, kind: int | None = None) -> onnx.AttributeProto | None:
         a = self._attrs.get(name)
         if a is not None:
             self._used_attrs.add(name)
             if a.ref_attr_name:
                 self.unsupported(f"attribute '{name}' refers to a function attribute")
+            if kind is not None and a.type != kind and a.type != onnx.AttributeProto.UNDEFINED:
+                want = onnx.AttributeProto.AttributeType.Name(kind)
+                found = onnx.AttributeProto.AttributeType.Name(a.type) if a.type in onnx.AttributeProto.AttributeType.values() else str(a.type)
+                self.unsupported(f"attribute '{name}' must be of type {want}, found {found}")
         return a
 
     def attr_int(self, name: str, default: int | None = None) -> int:
-        a = self._attr(name)
+        a = self._attr(name, onnx.AttributeProto.INT)
         if a is None:
             if default is None:
                 self.unsupported(f"attribute '{name}' is required")
@@ -246,7 +250,7 @@ class NodeContext:
         return int(a.i)
 
     def attr_float(self, name: str, default: float | None = None) -> float:
-        a = self._attr(name)
+        a = self._attr(name, onnx.AttributeProto.FLOAT)
         if a is None:
             if default is None:
                 self.unsupported(f"attribute '{name}' is required")
@@ -254,33 +258,33 @@ class NodeContext:
         return float(a.f)
 
     def attr_str(self, name: str, default: str | None = None) -> str:
-        a = self._attr(name)
+        a = self._attr(name, onnx.AttributeProto.STRING)
         if a is None:
             if default is None:
                 self.unsupported(f"attribute '{name}' is required")
             return default
-        return a.s.decode()
+        return a.s.decode(errors="replace")
 
     def attr_ints(self, name: str, default: Sequence[int] | None = None) -> list[int] | None:
-        a = self._attr(name)
+        a = self._attr(name, onnx.AttributeProto.INTS)
         if a is None:
             return None if default is None else list(default)
         return [int(x) for x in a.ints]
 
     def attr_floats(self, name: str, default: Sequence[float] | None = None) -> list[float] | None:
-        a = self._attr(name)
+        a = self._attr(name, onnx.AttributeProto.FLOATS)
         if a is None:
             return None if default is None else list(default)
         return [float(x) for x in a.floats]
 
     def attr_tensor(self, name: str) -> np.ndarray | None:
-        a = self._attr(name)
+        a = self._attr(name, onnx.AttributeProto.TENSOR)
         if a is None:
             return None
         return self.loader.tensor_to_array(a.t, self.name)
 
     def attr_graph(self, name: str) -> onnx.GraphProto | None:
-        a = self._attr(name)
+        a = self._attr(name, onnx.AttributeProto.GRAPH)
         return None if a is None else a.g
 
     def ignore_attrs(self, *names: str) -> None:

@@ -1,0 +1,149 @@
+"""`kn-run`: load an ONNX model, optimize it when the optimizer is available, run it on random or
+given inputs, and print output shapes, a checksum and the time per evaluation.
+
+    kn-run                       # the embedded default model
+    kn-run model.onnx --batch 4 --bench
+    kn-run model.onnx --dim seq=77 --input input_ids=ids.npy
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from kn_graph.cpu import bind_inputs
+from kn_graph.errors import KnError
+from kn_graph.graph import Graph
+from kn_graph.onnx import load_onnx
+from kn_graph.shape import BATCH
+from kn_runtime.device import Device
+
+__all__ = ["default_model_path", "main", "random_inputs"]
+
+DEFAULT_MODEL = "resnet_tiny.onnx"
+
+
+def default_model_path() -> Path:
+    """The small model that ships inside the package (used when no model is given)."""
+    return Path(str(resources.files("kn_runtime") / "models" / DEFAULT_MODEL))
+
+
+def random_inputs(graph: Graph, bindings: dict[str, int], seed: int = 0) -> list[np.ndarray]:
+    """Inputs for a smoke run: normal floats; integer inputs are small non-negative ids (masks,
+    named '*mask*', are all ones) so that embedding lookups stay in range."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for v in graph.inputs:
+        info = graph[v]
+        shape = info.shape.eval(bindings)
+        name = info.debug_name.lower()
+        if info.dtype.is_float:
+            a = rng.standard_normal(shape).astype(info.dtype.np)
+        elif info.dtype.is_bool:
+            a = np.ones(shape, bool)
+        elif "mask" in name:
+            a = np.ones(shape, info.dtype.np)
+        else:
+            a = rng.integers(0, 10, size=shape).astype(info.dtype.np)
+        out.append(a)
+    return out
+
+
+def _parse_kv(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for it in items:
+        if "=" not in it:
+            raise SystemExit(f"kn-run: {what} must look like name=value, found '{it}'")
+        k, v = it.split("=", 1)
+        out[k] = v
+    return out
+
+
+def _optimize(graph: Graph, enabled: bool) -> tuple[Graph, bool]:
+    if not enabled:
+        return graph, False
+    try:
+        mod = importlib.import_module("kn_graph.optimizer")
+    except ImportError:
+        return graph, False
+    return mod.optimize(graph), True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kn-run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", help="ONNX model (default: the embedded tiny model)")
+    ap.add_argument("--batch", type=int, default=None, help="batch size B (default 1)")
+    ap.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="bind another size symbol")
+    ap.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="input data")
+    ap.add_argument("--device", default="best", choices=["cpu", "cuda", "best"])
+    ap.add_argument("--bench", action="store_true", help="time repeated evaluations")
+    ap.add_argument("--runs", type=int, default=10, help="evaluations for --bench")
+    ap.add_argument("--no-optimize", action="store_true", help="run the graph as loaded")
+    ap.add_argument("--print-graph", action="store_true", help="print the graph")
+    args = ap.parse_args(argv)
+    try:
+        return _run(args)
+    except KnError as e:
+        print(f"kn-run: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    path = Path(args.model) if args.model else default_model_path()
+    t0 = time.perf_counter()
+    graph = load_onnx(path)
+    t_load = time.perf_counter() - t0
+    n_loaded = len(graph)
+    t0 = time.perf_counter()
+    graph, optimized = _optimize(graph, not args.no_optimize)
+    t_opt = time.perf_counter() - t0
+    print(f"model: {path.name}  load {t_load * 1e3:.1f} ms, {n_loaded} values", end="")
+    print(f"  -> optimized {len(graph)} values in {t_opt * 1e3:.1f} ms" if optimized else "")
+    if args.print_graph:
+        print(graph)
+
+    device = {"cpu": Device.cpu, "cuda": Device.cuda, "best": Device.best}[args.device]()
+    given = {k: np.load(v) for k, v in _parse_kv(args.input, "--input").items()}
+    dims = {k: int(v) for k, v in _parse_kv(args.dim, "--dim").items()}
+    batch = args.batch if args.batch is not None else dims.pop(BATCH, 1)
+    bindings = {BATCH: batch, **dims}
+    for v in graph.inputs:
+        for s in graph[v].shape.symbols:
+            bindings.setdefault(s, 1)
+    inputs = random_inputs(graph, bindings)
+    for i, name in enumerate(graph.input_names):
+        if name in given:
+            inputs[i] = given.pop(name)
+    if given:
+        raise SystemExit(f"kn-run: --input names {sorted(given)} are not inputs of the model ({graph.input_names})")
+    bindings = bind_inputs(graph, inputs, batch if any(BATCH in graph[v].shape.symbols for v in graph.inputs) else None)[1]
+
+    prepared = device.prepare(graph)
+    t0 = time.perf_counter()
+    outputs = prepared.eval(inputs)
+    t_first = time.perf_counter() - t0
+    sym = ", ".join(f"{k}={v}" for k, v in sorted(bindings.items()))
+    print(f"device: {device}  inputs: " + ", ".join(f"{n} {a.dtype}{list(a.shape)}" for n, a in zip(graph.input_names, inputs, strict=True)) + (f"  ({sym})" if sym else ""))
+    for name, a in zip(graph.output_names, outputs, strict=True):
+        checksum = float(np.sum(a.astype(np.float64))) if a.size else 0.0
+        print(f"output {name}: {a.dtype}{list(a.shape)}  sum={checksum:.6g}  mean_abs={float(np.mean(np.abs(a.astype(np.float64)))) if a.size else 0.0:.6g}")
+    times = [t_first]
+    if args.bench:
+        times = []
+        for _ in range(max(1, args.runs)):
+            t0 = time.perf_counter()
+            prepared.eval(inputs)
+            times.append(time.perf_counter() - t0)
+    print(f"time per evaluation: {statistics.median(times) * 1e3:.2f} ms (median of {len(times)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command of README.md, runnable on a fresh Debian machine: installs Debian's graphviz
+# when `dot` is missing, makes .venv, installs the package with its test extra, runs pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v dot >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq graphviz >/dev/null
+fi
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test,examples]"
+exec .venv/bin/python -m pytest -q "$@"
