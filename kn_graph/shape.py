@@ -113,6 +113,8 @@ class Size:
             raise GraphError(f"division of size {self} by zero")
         if self.is_fixed and o.is_fixed:
             return Size(self.factor // o.factor)
+        if self.factor == 0:
+            return Size(0)
         exps = dict(self.terms)
         for s, e in o.terms:
             if exps.get(s, 0) < e:
@@ -135,6 +137,11 @@ class Size:
         raise GraphError(f"cannot compute {self} mod {o} for every value of its symbols")
 
     def divides(self, other: Size) -> bool:
+        """Whether `other` is an exact multiple of `self` for every value of the symbols."""
+        if self.factor == 0:
+            return False
+        if self.is_fixed and other.is_fixed:
+            return other.factor % self.factor == 0
         try:
             other // self
         except GraphError:
@@ -290,7 +297,7 @@ def infer_symbols(
             bindings[sym] = root
             progress = True
     for label, axis, d, a in pending:
-        missing = [s for s in d.symbols if s not in bindings]
+        missing = [s for s in sorted(d.symbols) if s not in bindings]
         if missing:
             raise ShapeMismatchError(
                 f"{label}, axis {axis}: cannot determine symbol(s) {', '.join(missing)} of size {d}"
