@@ -1,0 +1,210 @@
+"""The optimizer's machinery: a forward rebuild of the graph from its outputs, trying named
+rewrites on each live value in a declared order.
+
+A rewrite is a small function `fuse_x(rw: Rewriter, v: Value) -> Value | None`: it looks at the
+*old* graph around `v` (ops, shapes, use counts via `rw.old`), and when it matches, builds the
+replacement in the *new* graph from already-mapped operands (`rw.get(x)`) and returns it. Returning
+None means "no match"; the value is then copied with `rw.copy(v)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import assert_never
+
+from kn_graph.graph import Graph, ValueInfo
+from kn_graph.ops import (
+    Binary,
+    Broadcast,
+    Concat,
+    Constant,
+    Conv,
+    Gather,
+    Input,
+    Iota,
+    Layernorm,
+    MatMul,
+    Op,
+    Permute,
+    Reduce,
+    Select,
+    Slice,
+    Softmax,
+    Unary,
+    UnaryOp,
+    Value,
+    View,
+)
+
+__all__ = ["REWRITES", "OptimizerSettings", "Rewrite", "Rewriter", "copy_op", "optimize", "rewrite"]
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerSettings:
+    """Which rewrites run. Every flag defaults to on; `optimize(g, OptimizerSettings(x=False))`
+    turns one off (e.g. to compare, or to keep a pattern for a device that handles it)."""
+
+    fold_constants: bool = True
+    """Compute values whose operands are all constant once, at optimize time (CPU executor)."""
+    fold_max_growth: int = 4
+    """...unless the result has more than this many times the elements of its constant inputs
+    (a broadcast scalar stays a broadcast)."""
+    fuse_affine: bool = True
+    """Collapse per-channel Add/Sub/Mul/Div-by-constant chains and fold them into convolutions."""
+    fuse_clamp: bool = True
+    """Chains of Min/Max with scalar constants become at most one Min and one Max."""
+    div_to_mul: bool = True
+    """Division by a constant becomes multiplication by its reciprocal."""
+    detect_layernorm: bool = True
+    """The mean/sub/pow/mean/add/sqrt/div pattern (and exporter variants) becomes Layernorm."""
+    detect_gelu_silu: bool = True
+    """Erf-GELU, tanh-GELU and x·sigmoid(x) become one unary each."""
+    detect_attention: bool = True
+    """softmax(Q·Kᵀ·s [+ mask])·V becomes one Attention op."""
+    max_rounds: int = 4
+    """Rebuild rounds until the value count stops shrinking."""
+
+
+Rewrite = Callable[["Rewriter", Value], "Value | None"]
+REWRITES: list[tuple[str, Rewrite]] = []
+"""(settings flag, rewrite) in the order they are tried on each value."""
+
+
+def rewrite(flag: str) -> Callable[[Rewrite], Rewrite]:
+    """Register a rewrite under a settings flag; registration order is trial order."""
+    if flag not in {f.name for f in fields(OptimizerSettings)}:
+        raise ValueError(f"unknown optimizer flag {flag}")
+
+    def register(f: Rewrite) -> Rewrite:
+        REWRITES.append((flag, f))
+        return f
+
+    return register
+
+
+class Rewriter:
+    """The state of one rebuild: old graph, new graph and the old → new value map."""
+
+    def __init__(self, old: Graph, settings: OptimizerSettings) -> None:
+        self.old = old
+        self.new = Graph()
+        self.settings = settings
+        self._map: dict[int, Value] = {}
+
+    def get(self, old_value: Value) -> Value:
+        """The new value standing for an (earlier) old value."""
+        return self._map[old_value.index]
+
+    def set(self, old_value: Value, new_value: Value) -> None:
+        self._map[old_value.index] = new_value
+
+    def info(self, old_value: Value) -> ValueInfo:
+        return self.old[old_value]
+
+    def copy(self, old_value: Value) -> Value:
+        """Rebuild the old value's op in the new graph from mapped operands (builders
+        re-validate and re-canonicalise, so simplifications cascade)."""
+        info = self.old[old_value]
+        return copy_op(self.new, info, info.op.map_inputs(self.get))
+
+
+def copy_op(g: Graph, info: ValueInfo, op: Op) -> Value:
+    """Build `op` (whose operands already belong to `g`) with `info`'s shape and dtype."""
+    match op:
+        case Input():
+            return g.input(info.shape, info.dtype, info.debug_name)
+        case Constant(t):
+            return g.constant(t.array)
+        case View(x):
+            return g.view(x, info.shape)
+        case Broadcast(x):
+            return g.broadcast(x, info.shape)
+        case Permute(x, perm):
+            return g.permute(x, perm)
+        case Slice(x, axis, start, step):
+            return g.slice_raw(x, axis, start, step, info.shape[axis])
+        case Gather(x, axis, idx):
+            return g.gather(x, axis, idx)
+        case Concat(xs, axis):
+            return g.concat(xs, axis)
+        case Conv(x, w, d):
+            return g.conv(x, w, d.stride, d.padding, d.dilation, d.groups)
+        case MatMul(a, b):
+            return g.matmul(a, b)
+        case Unary(x, u):
+            if u is UnaryOp.CAST:
+                return g.cast(x, info.dtype)
+            if u is UnaryOp.BITCAST:
+                return g.bitcast(x, info.dtype)
+            return g.unary(u, x)
+        case Binary(a, b, bop):
+            return g.binary(bop, a, b)
+        case Select(c, a, b):
+            return g.select(c, a, b)
+        case Iota(axis):
+            return g.iota(info.shape, axis, info.dtype)
+        case Softmax(x, axis):
+            return g.softmax(x, axis)
+        case Layernorm(x, axis, eps):
+            return g.layernorm(x, axis, eps)
+        case Reduce(x, axes, rop):
+            return g.reduce(x, axes, rop)
+        case _:
+            assert_never(op)  # type: ignore[arg-type]
+
+
+def _live(g: Graph) -> list[bool]:
+    live = [False] * len(g)
+    for v in g.outputs:
+        live[v.index] = True
+    for i in range(len(g) - 1, -1, -1):  # reverse scan: users come after operands
+        if live[i]:
+            for x in g[Value(i, g.id)].op.inputs:
+                live[x.index] = True
+    return live
+
+
+def _round(g: Graph, settings: OptimizerSettings) -> Graph:
+    rw = Rewriter(g, settings)
+    for v in g.inputs:
+        rw.set(v, rw.new.input(g[v].shape, g[v].dtype, g[v].debug_name))
+    live = _live(g)
+    active = [f for flag, f in REWRITES if getattr(settings, flag)]
+    for v in g.values():
+        if not live[v.index] or isinstance(g[v].op, Input):
+            continue
+        out = None
+        for f in active:
+            out = f(rw, v)
+            if out is not None:
+                break
+        new_v = out if out is not None else rw.copy(v)
+        if g[v].debug_name:
+            rw.new.set_debug_name(new_v, g[v].debug_name)
+        rw.set(v, new_v)
+    for v, name in zip(g.outputs, g.output_names, strict=True):
+        rw.new.add_output(rw.get(v), name)
+    return rw.new
+
+
+def optimize(graph: Graph, settings: OptimizerSettings | None = None) -> Graph:
+    """A new, optimized graph computing the same outputs from the same inputs (in order).
+
+    >>> from kn_graph import Graph, DType, Shape
+    >>> g = Graph()
+    >>> x = g.input(Shape.of(4), DType.F32, "x")
+    >>> g.add_output(g.div(g.add(x, g.mul(g.constant(np.float32(2)), 3.0)), 4.0), "y")
+    >>> print(optimize(g))
+    %0: f32[4] = input #0 "x"
+    ...
+    """
+    settings = settings or OptimizerSettings()
+    g = graph
+    for _ in range(max(1, settings.max_rounds)):
+        new = _round(g, settings)
+        done = len(new) >= len(g)
+        g = new
+        if done:
+            break
+    return g
