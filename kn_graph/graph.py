@@ -29,6 +29,7 @@ from kn_graph.dtype import DType
 from kn_graph.errors import GraphError
 from kn_graph.nn import NNBuilders
 from kn_graph.ops import (
+    Attention,
     Binary,
     BinaryOp,
     Broadcast,
@@ -102,7 +103,7 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
 
 
 def _norm_axis(axis: int, rank: int, what: str = "axis") -> int:
-    if not -rank <= axis < max(rank, 1):
+    if not -rank <= axis < rank:
         raise GraphError(f"{what} {axis} out of range for rank {rank}")
     return axis + rank if axis < 0 else axis
 
@@ -204,7 +205,15 @@ class Graph(NNBuilders):
         return self._push(Shape.of(*arr.shape), dt, Constant(Tensor(arr)))
 
     def scalar(self, value: float | int | bool, dtype: DType) -> Value:
-        return self.constant(np.array(value, dtype=dtype.np))
+        """A rank-0 constant; a value the dtype cannot hold exactly (0.5 or 300 as u8) raises."""
+        try:
+            with np.errstate(all="ignore"):
+                arr = np.array(value, dtype=dtype.np)
+        except (OverflowError, ValueError, TypeError):
+            arr = None
+        if arr is None or (not dtype.is_float and arr.item() != value):
+            raise GraphError(f"scalar {value!r} is not representable as {dtype}")
+        return self.constant(arr)
 
     def full(self, value: float | int | bool, shape: Shape | Sequence[SizeLike], dtype: DType) -> Value:
         """A broadcast scalar: costs one element of storage, whatever the shape."""
@@ -316,7 +325,8 @@ class Graph(NNBuilders):
             raise GraphError(f"slice: negative bound on symbolic axis {axis} ({dim})")
         length = e - s
         if step != 1:
-            length = (length + (step - 1)) // step
+            exact = Size(step).divides(length)
+            length = length // step if exact else (length + (step - 1)) // step
         return self.slice_raw(x, axis, s, step, length)
 
     def slice_raw(self, x: Value, axis: int, start: SizeLike, step: int, length: SizeLike) -> Value:
@@ -338,10 +348,10 @@ class Graph(NNBuilders):
                 )
         elif step < 0:
             raise GraphError(f"slice: negative step on symbolic axis {axis} ({dim})")
-        if length == dim and start == Size(0) and step == 1:
-            return x
         if length == Size(1):
             step = 1
+        if length == dim and start == Size(0) and step == 1:
+            return x
         return self._push(info.shape.replace(axis, length), info.dtype, Slice(x, axis, start, step))
 
     def flip(self, x: Value, axis: int) -> Value:
@@ -362,10 +372,13 @@ class Graph(NNBuilders):
         dim = info.shape[axis]
         if idx is not None and dim.is_fixed:
             n = dim.factor
+            idx = idx.astype(np.int64) if idx.dtype.kind == "i" else idx
             bad = (idx < -n) | (idx >= n)
             if bad.any():
                 raise GraphError(f"gather: index {idx[bad][0]} out of range for axis {axis} of size {n}")
-            idx = np.where(idx < 0, idx + n, idx)
+            if (idx < 0).any():  # the Gather op takes indices in [0, n)
+                idx = np.where(idx < 0, idx + n, idx)
+                indices = self.constant(idx)
             if idx.size >= 1 and np.all(idx == idx[0]):
                 one = self.slice_raw(x, axis, int(idx[0]), 1, 1)
                 return self.broadcast(one, info.shape.replace(axis, idx.size))
@@ -399,7 +412,7 @@ class Graph(NNBuilders):
         if len(kept) == 1:
             return kept[0]
         if not kept:
-            kept = (xs[0],)
+            return xs[0]
         return self._push(first.shape.replace(axis, total), first.dtype, Concat(kept, axis))
 
     # -- compute ops ----------------------------------------------------------------------------------
@@ -551,6 +564,40 @@ class Graph(NNBuilders):
         if not info.dtype.is_float:
             raise GraphError(f"layernorm: expected a float operand, found {info.dtype}")
         return self._push(info.shape, info.dtype, Layernorm(x, _norm_axis(axis, info.rank), float(eps)))
+
+    def attention(
+        self,
+        q: Value,
+        k: Value,
+        v: Value,
+        mask: Value | None = None,
+        scale: float | None = None,
+        causal: bool = False,
+    ) -> Value:
+        """softmax(q·kᵀ·scale + mask [+ causal]) · v on q [b,m,d], k [b,n,d], v [b,n,dv] and an
+        optional additive mask [b,m,n]; `scale` defaults to 1/√d (see `ops.Attention`)."""
+        qi, ki, vi = self[q], self[k], self[v]
+        shapes = f"q {qi.shape}, k {ki.shape}, v {vi.shape}"
+        if qi.rank != 3 or ki.rank != 3 or vi.rank != 3:
+            raise GraphError(f"attention: expected q [b,m,d], k [b,n,d], v [b,n,dv], found {shapes}")
+        if not (qi.dtype == ki.dtype == vi.dtype) or not qi.dtype.is_float:
+            raise GraphError(f"attention: expected equal float dtypes, found {qi.dtype}, {ki.dtype}, {vi.dtype}")
+        b, m, d = qi.shape
+        n = ki.shape[1]
+        if ki.shape[0] != b or vi.shape[0] != b or ki.shape[2] != d or vi.shape[1] != n:
+            raise GraphError(f"attention: expected q [b,m,d], k [b,n,d], v [b,n,dv], found {shapes}")
+        if mask is not None:
+            mi = self[mask]
+            if mi.shape != Shape.of(b, m, n) or mi.dtype != qi.dtype:
+                raise GraphError(
+                    f"attention: mask must be {qi.dtype}{Shape.of(b, m, n)} for {shapes}, found {mi.dtype}{mi.shape}"
+                )
+        if causal and m.is_fixed and n.is_fixed and n.factor < m.factor:
+            raise GraphError(f"attention: causal with fewer keys than queries ({shapes}) masks whole rows")
+        if scale is None:
+            scale = 1.0 / float(np.sqrt(d.as_int("attention: default scale needs a fixed head size")))
+        op = Attention(q, k, v, mask, float(scale), bool(causal))
+        return self._push(Shape.of(b, m, vi.shape[2]), qi.dtype, op)
 
     def reduce(self, x: Value, axes: Sequence[int], op: ReduceOp, keepdims: bool = False) -> Value:
         info = self[x]

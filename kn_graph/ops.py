@@ -18,6 +18,7 @@ import numpy as np
 from kn_graph.shape import Size
 
 __all__ = [
+    "Attention",
     "Binary",
     "BinaryOp",
     "Broadcast",
@@ -70,7 +71,7 @@ class Tensor:
         arr = np.asarray(self.array)
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr).reshape(arr.shape)
-        if arr.flags.writeable:  # the caller may still hold it: take a private copy
+        if arr.flags.writeable or _aliases_writeable(arr):  # the caller may still write it
             arr = arr.copy()
             arr.flags.writeable = False
         object.__setattr__(self, "array", arr)
@@ -86,6 +87,16 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor({self.array.dtype}{list(self.array.shape)}, {self.digest[:8]})"
+
+
+def _aliases_writeable(arr: np.ndarray) -> bool:
+    """A read-only view of memory that its owner can still write."""
+    base = arr.base
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return True
+        base = base.base
+    return False
 
 
 class UnaryOp(enum.Enum):
@@ -244,7 +255,7 @@ class Op:
             v = getattr(self, f)
             if isinstance(v, tuple):
                 out.extend(v)
-            else:
+            elif v is not None:  # an optional operand (Attention's mask) may be absent
                 out.append(v)
         return tuple(out)
 
@@ -254,7 +265,10 @@ class Op:
         changes = {}
         for name in self.OPERANDS:
             v = getattr(self, name)
-            changes[name] = tuple(f(x) for x in v) if isinstance(v, tuple) else f(v)
+            if isinstance(v, tuple):
+                changes[name] = tuple(f(x) for x in v)
+            elif v is not None:
+                changes[name] = f(v)
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
     def attrs(self) -> str:
@@ -465,3 +479,24 @@ class Reduce(Op):
 
     def attrs(self) -> str:
         return f"axes={list(self.axes)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Attention(Op):
+    """softmax(q·kᵀ·scale + mask [+ causal]) · v over rank-3 operands (batch and heads merged):
+    q [b, m, d], k [b, n, d], v [b, n, dv], optional additive float mask [b, m, n] (explicit,
+    like every elementwise operand) -> [b, m, dv]. `causal` masks key j for query i when
+    j > i + (n - m) (bottom-right aligned, as when decoding with a cache). One op so a device can
+    hand it to a fused kernel; `kn_graph.attention.decompose_attention` lowers it again."""
+
+    q: Value
+    k: Value
+    v: Value
+    mask: Value | None
+    scale: float
+    causal: bool
+    OPERANDS: ClassVar[tuple[str, ...]] = ("q", "k", "v", "mask")
+    NAME: ClassVar[str] = "attention"
+
+    def attrs(self) -> str:
+        return f"scale={self.scale:g}" + (" causal" if self.causal else "")
