@@ -23,6 +23,7 @@ from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, InputMismatchError, KnError
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
+    Attention,
     Binary,
     BinaryOp,
     Broadcast,
@@ -177,6 +178,8 @@ def _compute(
             return _layernorm(get(x), axis, eps)
         case Reduce(x, axes, op):
             return _reduce(op, get(x), axes, dt)
+        case Attention(q, k, v, mask, scale, causal):
+            return _attention(get(q), get(k), get(v), None if mask is None else get(mask), scale, causal)
         case _:
             assert_never(info.op)  # type: ignore[arg-type]
 
@@ -311,6 +314,25 @@ def _softmax(a: np.ndarray, axis: int) -> np.ndarray:
     m = np.where(np.isfinite(m), m, 0)
     e = np.exp(a - m)
     return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float, causal: bool
+) -> np.ndarray:
+    """softmax(q·kᵀ·scale + mask, causal: −inf where j > i + n − m)·v; f16 math in f32."""
+    if q.dtype == np.float16:
+        m32 = None if mask is None else mask.astype(np.float32)
+        f32 = (q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))
+        return _attention(*f32, m32, scale, causal).astype(np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = np.matmul(q, k.transpose(0, 2, 1)) * q.dtype.type(scale)
+        if mask is not None:
+            s = s + mask
+        if causal:
+            m, n = s.shape[1], s.shape[2]
+            above = np.arange(n)[None, :] > np.arange(m)[:, None] + (n - m)
+            s = np.where(above, q.dtype.type(-np.inf), s)
+        return np.matmul(_softmax(s, 2), v).astype(q.dtype, copy=False)
 
 
 def _layernorm(a: np.ndarray, axis: int, eps: float) -> np.ndarray:

@@ -15,6 +15,7 @@ from typing import assert_never
 
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
+    Attention,
     Binary,
     Broadcast,
     Concat,
@@ -150,6 +151,8 @@ def copy_op(g: Graph, info: ValueInfo, op: Op) -> Value:
             return g.layernorm(x, axis, eps)
         case Reduce(x, axes, rop):
             return g.reduce(x, axes, rop)
+        case Attention(q, k, v, mask, scale, causal):
+            return g.attention(q, k, v, mask, scale, causal)
         case _:
             assert_never(op)  # type: ignore[arg-type]
 
