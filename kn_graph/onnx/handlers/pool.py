@@ -1,0 +1,133 @@
+"""Pooling: MaxPool, AveragePool, LpPool and their global forms.
+
+Max and average pooling use the graph's `pool` builder (strided slices of the padded input);
+LpPool is a depthwise convolution of |x|^p with a filter of ones, whose zero padding is exactly
+what the ONNX reference counts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from kn_graph.onnx.context import NodeContext, Result, onnx_op
+from kn_graph.onnx.handlers.spatial import Window, kernel_attr, read_window
+from kn_graph.ops import ReduceOp, UnaryOp, Value
+from kn_graph.shape import Shape
+
+__all__ = ["average_pool", "global_lp_pool", "global_pool", "lp_pool", "max_pool"]
+
+
+def _window(ctx: NodeContext, x: Value) -> Window:
+    shape = ctx.graph.shape(x)
+    if shape.rank < 3:
+        ctx.unsupported(f"expected an input [N,C,*spatial], found {shape}")
+    kernel = kernel_attr(ctx, shape.rank - 2, required=True)
+    assert kernel is not None
+    return read_window(ctx, shape.dims[2:], kernel, allow_dilations=ctx.op_type != "AveragePool" or ctx.opset >= 19)
+
+
+def _pool(ctx: NodeContext, kind: Literal["max", "avg"], count_include_pad: bool) -> Value:
+    x = ctx.input(0)
+    win = _window(ctx, x)
+    ceil_mode = bool(ctx.attr_int("ceil_mode", 0))
+    return ctx.graph.pool(
+        x, kind, win.kernel, win.strides, win.pads, win.dilations, ceil_mode, count_include_pad
+    )
+
+
+@onnx_op("MaxPool")
+def max_pool(ctx: NodeContext) -> list[Result | None]:
+    """The optional Indices output is not produced (the loader refuses a node that uses it)."""
+    ctx.attr_int("storage_order", 0)  # only affects Indices
+    return [_pool(ctx, "max", False), None]
+
+
+@onnx_op("AveragePool")
+def average_pool(ctx: NodeContext) -> Result:
+    if not ctx.input_dtype(0).is_float:
+        ctx.unsupported(f"expected a float input, found {ctx.input_dtype(0)}")
+    return _pool(ctx, "avg", bool(ctx.attr_int("count_include_pad", 0)))
+
+
+@onnx_op("GlobalAveragePool", "GlobalMaxPool")
+def global_pool(ctx: NodeContext) -> Result:
+    x = ctx.input(0)
+    if ctx.graph[x].rank < 3:
+        ctx.unsupported(f"expected an input [N,C,*spatial], found {ctx.graph.shape(x)}")
+    return ctx.graph.global_pool(x, "max" if ctx.op_type == "GlobalMaxPool" else "avg")
+
+
+def _abs_pow(ctx: NodeContext, x: Value, p: int) -> Value:
+    g = ctx.graph
+    if p < 1:
+        ctx.unsupported(f"p = {p}; expected p >= 1")
+    if p == 2:
+        return g.mul(x, x)
+    a = g.unary(UnaryOp.ABS, x)
+    return a if p == 1 else g.pow(a, float(p))
+
+
+def _root(ctx: NodeContext, s: Value, p: int) -> Value:
+    g = ctx.graph
+    match p:
+        case 1:
+            return s
+        case 2:
+            return g.sqrt(s)
+        case _:
+            return g.pow(s, 1.0 / p)
+
+
+@onnx_op("LpPool")
+def lp_pool(ctx: NodeContext) -> Result:
+    """(sum over the window of |x|^p)^(1/p), padded positions contributing zero."""
+    g = ctx.graph
+    x = ctx.input(0)
+    if not g.dtype(x).is_float:
+        ctx.unsupported(f"expected a float input, found {g.dtype(x)}")
+    p = ctx.attr_int("p", 2)
+    win = _window(ctx, x)
+    ceil_mode = bool(ctx.attr_int("ceil_mode", 0))
+    shape = g.shape(x)
+    c = shape[1].as_int("LpPool channels")
+    pads = list(win.pads)
+    if ceil_mode:
+        pads = _ceil_pads(ctx, shape, win)
+    powered = _abs_pow(ctx, x, p)
+    sym = tuple(min(b, a) for b, a in pads)
+    extra = [(b - s, a - s) for (b, a), s in zip(pads, sym, strict=True)]
+    if any(b or a for b, a in extra):
+        powered = g.pad(powered, [(0, 0), (0, 0), *extra])
+    ones = g.constant(np.ones((c, 1, *win.kernel), g.dtype(x).np))
+    summed = g.conv(powered, ones, win.strides, sym, win.dilations, groups=c)
+    return _root(ctx, summed, p)
+
+
+def _ceil_pads(ctx: NodeContext, shape: Shape, win: Window) -> list[tuple[int, int]]:
+    """Extra end padding so that a floor-mode convolution yields the ceil-mode output size
+    (the last window must still start inside the input or its leading padding)."""
+    out: list[tuple[int, int]] = []
+    for i in range(win.rank):
+        n = shape[2 + i].as_int("LpPool ceil_mode spatial size")
+        (pb, pa), k, s, d = win.pads[i], win.kernel[i], win.strides[i], win.dilations[i]
+        span = n + pb + pa - d * (k - 1) - 1
+        if span < 0:
+            ctx.unsupported(f"kernel {list(win.kernel)} larger than the padded input {shape}")
+        o = -(-span // s) + 1
+        if (o - 1) * s >= n + pb:
+            o -= 1
+        out.append((pb, pa + max(0, (o - 1) * s + d * (k - 1) + 1 - (n + pb + pa))))
+    return out
+
+
+@onnx_op("GlobalLpPool")
+def global_lp_pool(ctx: NodeContext) -> Result:
+    g = ctx.graph
+    x = ctx.input(0)
+    if not g.dtype(x).is_float or g[x].rank < 3:
+        ctx.unsupported(f"expected a float input [N,C,*spatial], found {g.dtype(x)}{g.shape(x)}")
+    p = ctx.attr_int("p", 2)
+    s = g.reduce(_abs_pow(ctx, x, p), range(2, g[x].rank), ReduceOp.SUM, keepdims=True)
+    return _root(ctx, s, p)
