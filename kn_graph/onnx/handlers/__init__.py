@@ -1,4 +1,5 @@
 """ONNX op handlers, one module per op family; importing this package registers them all."""
 
 from kn_graph.onnx.handlers import elementwise, nn, reduce, shape  # noqa: F401
+from kn_graph.onnx.handlers import control, tensor  # noqa: F401  (indexing, If)
 from kn_graph.onnx.handlers import conv, norm, pool  # noqa: F401  (nn family)

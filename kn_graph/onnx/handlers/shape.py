@@ -1,12 +1,70 @@
-"""Shape and data-movement ONNX ops: Shape, Reshape, Constant, Identity, …"""
+"""Shape and data-movement ONNX ops: Shape, Size, Reshape, Flatten, (Un)Squeeze, Transpose, Concat,
+Split, Expand, Tile, ConstantOfShape, Range, Constant, Identity, Dropout.
+
+Each handler has a load-time path for `Known` inputs (shape tensors stay symbolic integer arrays,
+so `Reshape(x, Concat(Shape(x)[0], [-1]))` becomes a View with a symbolic batch dim) and a graph
+path for runtime values.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
+import numpy as np
+
 from kn_graph.dtype import DType
+from kn_graph.graph import broadcast_shapes
 from kn_graph.onnx.context import Known, NodeContext, Result, onnx_op
+from kn_graph.onnx.handlers.common import all_known
+from kn_graph.onnx.loader import KNOWN_LIMIT
+from kn_graph.ops import Value
 from kn_graph.shape import Shape, Size
 
+__all__ = ["known", "known_apply", "scalar_operand", "static_ints"]
 
+
+# -- helpers shared with the tensor family ---------------------------------------------------------
+def known(data: np.ndarray, dtype: DType) -> Known:
+    """A Known from a NumPy array (object arrays may hold Sizes; plain arrays are cast)."""
+    if data.dtype == object:
+        return Known.of(data, dtype)
+    return Known(np.ascontiguousarray(data.astype(dtype.np, copy=False)), dtype)
+
+
+def known_apply(k: Known, f: Callable[[np.ndarray], np.ndarray]) -> Known:
+    """A pure data-movement function (reshape, transpose, take, …) applied to a Known's elements."""
+    return known(np.asarray(f(k.data)), k.dtype)
+
+
+def static_ints(ctx: NodeContext, i: int, what: str) -> list[int]:
+    """Input i as a flat list of Python ints; it must be known at load time, without symbols."""
+    arr = np.asarray(ctx.input_static(i, what))
+    if arr.dtype.kind not in "iub":
+        ctx.unsupported(f"{what} (input {i}) must be integers, found {arr.dtype}")
+    return [int(v) for v in arr.reshape(-1)]
+
+
+def scalar_operand(ctx: NodeContext, s: Size, dtype: DType) -> int | Value:
+    """A size as an operand of graph arithmetic: a plain int when fixed, else a runtime scalar."""
+    f = s.fixed_value()
+    return f if f is not None else ctx.size_value(s, dtype)
+
+
+def _small(shape: Shape) -> bool:
+    return shape.is_fixed and math.prod(shape.fixed_dims()) <= KNOWN_LIMIT
+
+
+def _axes(ctx: NodeContext, input_index: int, first_input_opset: int) -> list[int] | None:
+    """Axes as an attribute before `first_input_opset`, as an optional input from it on."""
+    if ctx.opset < first_input_opset:
+        return ctx.attr_ints("axes")
+    if not ctx.has_input(input_index):
+        return None
+    return static_ints(ctx, input_index, "axes")
+
+
+# -- shape queries ---------------------------------------------------------------------------------
 @onnx_op("Shape")
 def shape(ctx: NodeContext) -> Result:
     dims = list(ctx.input_shape(0).dims)
@@ -15,23 +73,79 @@ def shape(ctx: NodeContext) -> Result:
     return Known.of(dims[slice(start, end)], DType.I64)
 
 
+@onnx_op("Size")
+def size(ctx: NodeContext) -> Result:
+    return Known.of(np.array(ctx.input_shape(0).size(), dtype=object), DType.I64)
+
+
+# -- constants and identities ----------------------------------------------------------------------
 @onnx_op("Identity")
 def identity(ctx: NodeContext) -> Result:
     return ctx.raw_input(0)
 
 
+_CONSTANT_FORMS: dict[str, Callable[[NodeContext], np.ndarray | None]] = {
+    "value": lambda ctx: ctx.attr_tensor("value"),
+    "value_float": lambda ctx: np.array(ctx.attr_float("value_float"), np.float32),
+    "value_floats": lambda ctx: np.array(ctx.attr_floats("value_floats"), np.float32),
+    "value_int": lambda ctx: np.array(ctx.attr_int("value_int"), np.int64),
+    "value_ints": lambda ctx: np.array(ctx.attr_ints("value_ints"), np.int64),
+}
+
+
 @onnx_op("Constant")
 def constant(ctx: NodeContext) -> Result:
-    t = ctx.attr_tensor("value")
-    if t is None:
-        ctx.unsupported("only the 'value' attribute form is supported so far")
-    return ctx.loader.result_of_array(t)
+    for name, read in _CONSTANT_FORMS.items():
+        if ctx.has_attr(name):
+            arr = read(ctx)
+            if arr is None:
+                ctx.unsupported(f"attribute '{name}' has no value")
+            return ctx.loader.result_of_array(arr)
+    for name in ("sparse_value", "value_string", "value_strings"):
+        if ctx.has_attr(name):
+            ctx.unsupported(f"the '{name}' form (sparse or string tensors) is not supported")
+    ctx.unsupported("no value attribute")
+
+
+@onnx_op("Dropout")
+def dropout(ctx: NodeContext) -> Result | list[Result | None]:
+    """Inference: the identity. Training with ratio 0 is the identity too; other ratios are random."""
+    ctx.ignore_attrs("seed", "is_test", "ratio")
+    if ctx.opset >= 12 and ctx.has_input(2):
+        training = np.asarray(ctx.input_static(2, "training_mode")).reshape(-1)
+        if training.size != 1:
+            ctx.unsupported("training_mode must be a scalar")
+        ratio = 0.5
+        if ctx.has_input(1):
+            ratio = float(np.asarray(ctx.input_static(1, "ratio")).reshape(-1)[0])
+        if bool(training[0]) and ratio != 0:
+            ctx.unsupported(f"training mode with ratio {ratio} is random; only inference is supported")
+    if ctx.has_input(1):
+        ctx.raw_input(1)  # the ratio has no effect at inference
+    x = ctx.raw_input(0)
+    if len(ctx.node.output) < 2 or not ctx.node.output[1]:
+        return x
+    shape = ctx.input_shape(0)
+    mask_dtype = DType.BOOL if ctx.opset >= 10 else ctx.input_dtype(0)
+    return [x, ctx.graph.full(True if mask_dtype.is_bool else 1, shape, mask_dtype)]
+
+
+# -- reshaping -------------------------------------------------------------------------------------
+def _reshape_to(ctx: NodeContext, out: Shape) -> Result:
+    r = ctx.raw_input(0)
+    if isinstance(r, Known):
+        return known_apply(r, lambda a: a.reshape(out.fixed_dims()))
+    return ctx.graph.view(r, out)
 
 
 @onnx_op("Reshape")
 def reshape(ctx: NodeContext) -> Result:
     in_shape = ctx.input_shape(0)
-    target = ctx.input_sizes(1, "the target shape")
+    if ctx.opset < 5:
+        ctx.ignore_attrs("consumed_inputs")
+        target = [Size(d) for d in ctx.attr_ints("shape") or []]
+    else:
+        target = ctx.input_sizes(1, "the target shape")
     allowzero = ctx.attr_int("allowzero", 0)
     dims: list[Size | None] = []
     for i, d in enumerate(target):
@@ -41,18 +155,213 @@ def reshape(ctx: NodeContext) -> Result:
             dims.append(in_shape[i])
         elif d == Size(-1):
             dims.append(None)
+        elif d.factor < 0:
+            ctx.unsupported(f"invalid target dim {d}")
         else:
             dims.append(d)
     if dims.count(None) > 1:
         ctx.unsupported("more than one -1 in the target shape")
     if None in dims:
-        known = Size(1)
+        rest = Size(1)
         for d in dims:
             if d is not None:
-                known = known * d
-        dims[dims.index(None)] = in_shape.size() // known
-    out = Shape(tuple(d for d in dims if d is not None))
+                rest = rest * d
+        if rest == Size(0):
+            ctx.unsupported("-1 in a target shape that has a zero dim")
+        dims[dims.index(None)] = in_shape.size() // rest
+    return _reshape_to(ctx, Shape(tuple(d for d in dims if d is not None)))
+
+
+@onnx_op("Flatten")
+def flatten(ctx: NodeContext) -> Result:
+    shape = ctx.input_shape(0)
+    axis = ctx.attr_int("axis", 1)
+    axis = axis + shape.rank if axis < 0 else axis
+    if not 0 <= axis <= shape.rank:
+        ctx.unsupported(f"axis {axis} out of range for rank {shape.rank}")
+    out = Shape.of(Shape(shape.dims[:axis]).size(), Shape(shape.dims[axis:]).size())
+    return _reshape_to(ctx, out)
+
+
+@onnx_op("Squeeze")
+def squeeze(ctx: NodeContext) -> Result:
+    shape = ctx.input_shape(0)
+    axes = _axes(ctx, 1, 13)
+    if axes is None:
+        if not shape.is_fixed:
+            ctx.unsupported(f"squeeze without axes on symbolic shape {shape} (a size may be 1)")
+        drop = {i for i, d in enumerate(shape) if d == Size(1)}
+    else:
+        drop = {ctx.axis(a, shape.rank) for a in axes}
+        for a in drop:
+            if shape[a] != Size(1):
+                ctx.unsupported(f"axis {a} of shape {shape} is not of size 1")
+    return _reshape_to(ctx, Shape(tuple(d for i, d in enumerate(shape) if i not in drop)))
+
+
+@onnx_op("Unsqueeze")
+def unsqueeze(ctx: NodeContext) -> Result:
+    shape = ctx.input_shape(0)
+    axes = _axes(ctx, 1, 13)
+    if axes is None:
+        ctx.unsupported("axes are required")
+    rank = shape.rank + len(axes)
+    norm = sorted(ctx.axis(a, rank) for a in axes)
+    if len(set(norm)) != len(norm):
+        ctx.unsupported(f"repeated axes {axes}")
+    dims = list(shape.dims)
+    for a in norm:
+        dims.insert(a, Size(1))
+    return _reshape_to(ctx, Shape(tuple(dims)))
+
+
+@onnx_op("Transpose")
+def transpose(ctx: NodeContext) -> Result:
+    rank = ctx.input_rank(0)
+    perm = ctx.attr_ints("perm") or list(range(rank))[::-1]
+    if sorted(perm) != list(range(rank)):
+        ctx.unsupported(f"perm {perm} is not a permutation of rank {rank}")
     r = ctx.raw_input(0)
     if isinstance(r, Known):
-        return Known.of(r.data.reshape(-1).reshape(out.fixed_dims()), r.dtype)
-    return ctx.graph.view(r, out)
+        return known_apply(r, lambda a: a.transpose(perm))
+    return ctx.graph.permute(r, perm)
+
+
+# -- joining and splitting -------------------------------------------------------------------------
+@onnx_op("Concat")
+def concat(ctx: NodeContext) -> Result:
+    rank = ctx.input_rank(0)
+    axis = ctx.axis(ctx.attr_int("axis", 0 if ctx.opset < 4 else None), rank)
+    if (ks := all_known(ctx)) is not None and all(len(k.shape) == rank for k in ks):
+        return known(np.concatenate([k.data.astype(object) for k in ks], axis=axis), ks[0].dtype)
+    return ctx.graph.concat(ctx.inputs(), axis)
+
+
+def _split_sizes(ctx: NodeContext, dim: Size, n_out: int) -> list[Size]:
+    """The chunk sizes: given (attribute or input), `num_outputs` (last chunk smaller), or equal."""
+    given: list[int] | None = None
+    if ctx.opset < 13:
+        given = ctx.attr_ints("split")
+    elif ctx.has_input(1):
+        given = static_ints(ctx, 1, "split")
+    if given is not None:
+        if len(given) != n_out or any(s < 0 for s in given):
+            ctx.unsupported(f"split {given} does not give {n_out} non-negative sizes")
+        if Size(sum(given)) != dim:
+            ctx.unsupported(f"split {given} does not add up to the axis size {dim}")
+        return [Size(s) for s in given]
+    if ctx.opset >= 18:
+        n = ctx.attr_int("num_outputs", n_out)
+        if n != n_out or n < 1:
+            ctx.unsupported(f"num_outputs {n} but the node has {n_out} outputs")
+        if dim.is_fixed:
+            chunk = -(-dim.factor // n)
+            sizes = [min(chunk, max(dim.factor - i * chunk, 0)) for i in range(n)]
+            if sizes[-1] == 0:
+                ctx.unsupported(f"axis size {dim} cannot be split into {n} non-empty chunks")
+            return [Size(s) for s in sizes]
+    return [dim // n_out] * n_out  # exact division, or a GraphError (refused)
+
+
+@onnx_op("Split")
+def split(ctx: NodeContext) -> list[Result]:
+    shape = ctx.input_shape(0)
+    axis = ctx.axis(ctx.attr_int("axis", 0), shape.rank)
+    n_out = len(ctx.node.output)
+    sizes = _split_sizes(ctx, shape[axis], n_out)
+    r = ctx.raw_input(0)
+    out: list[Result] = []
+    start = Size(0)
+    for s in sizes:
+        if isinstance(r, Known):
+            b, e = start.as_int(), (start + s).as_int()
+            out.append(known_apply(r, lambda a, b=b, e=e: np.take(a, range(b, e), axis=axis)))
+        else:
+            out.append(ctx.graph.slice_raw(r, axis, start, 1, s))
+        start = start + s
+    return out
+
+
+# -- broadcasting and repetition -------------------------------------------------------------------
+@onnx_op("Expand")
+def expand(ctx: NodeContext) -> Result:
+    target = ctx.input_sizes(1, "the target shape")
+    if any(d.factor < 0 for d in target):
+        ctx.unsupported(f"negative size in the target shape {[str(d) for d in target]}")
+    out = broadcast_shapes(ctx.input_shape(0), Shape(tuple(target)))
+    r = ctx.raw_input(0)
+    if isinstance(r, Known) and _small(out):
+        return known_apply(r, lambda a: np.broadcast_to(a, out.fixed_dims()))
+    return ctx.graph.broadcast(ctx.input(0), out)
+
+
+@onnx_op("Tile")
+def tile(ctx: NodeContext) -> Result:
+    shape = ctx.input_shape(0)
+    repeats = static_ints(ctx, 1, "repeats")
+    if len(repeats) != shape.rank or any(n < 0 for n in repeats):
+        ctx.unsupported(f"repeats {repeats} do not match rank {shape.rank}")
+    r = ctx.raw_input(0)
+    out = Shape(tuple(d * n for d, n in zip(shape, repeats, strict=True)))
+    if isinstance(r, Known) and _small(out):
+        return known_apply(r, lambda a: np.tile(a, repeats))
+    x = ctx.input(0)
+    for axis, n in enumerate(repeats):
+        if n != 1:
+            x = ctx.graph.repeat(x, axis, n)
+    return x
+
+
+@onnx_op("ConstantOfShape")
+def constant_of_shape(ctx: NodeContext) -> Result:
+    dims = ctx.input_sizes(0, "the shape")
+    if any(d.factor < 0 for d in dims):
+        ctx.unsupported(f"negative size in the shape {[str(d) for d in dims]}")
+    value = ctx.attr_tensor("value")
+    if value is None:
+        value = np.zeros(1, np.float32)
+    if value.size != 1:
+        ctx.unsupported(f"value must hold one element, found shape {list(value.shape)}")
+    dtype = DType.from_np(value.dtype)
+    out = Shape(tuple(dims))
+    if not dtype.is_float and _small(out):
+        return known(np.full(out.fixed_dims(), value.reshape(-1)[0], dtype.np), dtype)
+    return ctx.graph.full(value.reshape(-1)[0].item(), out, dtype)
+
+
+# -- Range -----------------------------------------------------------------------------------------
+def _range_scalar(ctx: NodeContext, i: int, what: str) -> Size | np.generic:
+    """A Range bound: a (possibly symbolic) Size for integer Knowns, else a NumPy scalar."""
+    k = ctx.input_known(i)
+    if k is not None and k.dtype.is_int:
+        if k.data.size != 1:
+            ctx.unsupported(f"{what} must be a scalar, found shape {list(k.shape)}")
+        return k.sizes()[0]
+    arr = np.asarray(ctx.input_static(i, what))
+    if arr.size != 1:
+        ctx.unsupported(f"{what} must be a scalar, found shape {list(arr.shape)}")
+    return arr.reshape(-1)[0]
+
+
+@onnx_op("Range")
+def range_(ctx: NodeContext) -> Result:
+    dtype = ctx.input_dtype(0)
+    start, limit, delta = (_range_scalar(ctx, i, w) for i, w in enumerate(("start", "limit", "delta")))
+    if not all(isinstance(v, Size) for v in (start, limit, delta)):
+        # float range: computed here exactly as the reference does (in float64, then cast)
+        lo, hi, d = (float(v.factor) if isinstance(v, Size) else v.item() for v in (start, limit, delta))
+        if d == 0:
+            ctx.unsupported("delta is zero")
+        return ctx.graph.constant(np.arange(lo, hi, d).astype(dtype.np))
+    assert isinstance(start, Size) and isinstance(limit, Size) and isinstance(delta, Size)
+    step = delta.as_int("delta")
+    if step == 0:
+        ctx.unsupported("delta is zero")
+    if start.is_fixed and limit.is_fixed:
+        arr = np.arange(start.factor, limit.factor, step)
+        return known(arr, dtype) if arr.size <= KNOWN_LIMIT else ctx.graph.constant(arr.astype(dtype.np))
+    # symbolic length: iota·delta + start, when (limit - start) / delta is an exact size
+    n = (limit - start) // step if step > 0 else (start - limit) // -step
+    g = ctx.graph
+    ramp = g.mul(g.iota(Shape.of(n), 0, dtype), step)
+    return g.add(ramp, scalar_operand(ctx, start, dtype)) if start != Size(0) else ramp

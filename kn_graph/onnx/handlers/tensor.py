@@ -1,0 +1,498 @@
+"""Indexing ONNX ops: Slice, Gather, GatherElements, GatherND, Compress, ReverseSequence, Pad,
+CenterCropPad, Trilu, OneHot, EyeLike, DepthToSpace, SpaceToDepth and Scatter (static indices).
+
+All of them lower to the IR's Slice/Gather/Concat/Select/Iota: element indexing becomes one Gather
+over the flattened operand with linear indices (computed here when the indices are constants,
+with iota arithmetic when they are runtime values).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from kn_graph.dtype import DType
+from kn_graph.onnx.context import Known, NodeContext, Result, onnx_dtype, onnx_op
+from kn_graph.onnx.handlers.shape import known_apply, scalar_operand, static_ints
+from kn_graph.ops import BinaryOp, Value
+from kn_graph.shape import Shape, Size
+
+INT_BIG = 2**31 - 1
+"""Slice ends at or beyond this mean "to the end" (exporters write INT32_MAX or INT64_MAX)."""
+
+
+# -- Slice ------------------------------------------------------------------------------------------
+def _fixed_bounds(n: int, start: int, end: int, step: int) -> tuple[int, int]:
+    """ONNX Slice clamping on an axis of n elements: (first index, element count)."""
+    start = start + n if start < 0 else start
+    end = end + n if end < 0 else end
+    if step > 0:
+        start, end = min(max(start, 0), n), min(max(end, 0), n)
+        length = max(0, -(-(end - start) // step))
+    else:
+        start, end = min(max(start, 0), n - 1), min(max(end, -1), n - 1)
+        length = max(0, -(-(start - end) // -step))
+    length = length if n > 0 else 0
+    return (start if length else 0), length
+
+
+def _slice_axis(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, step: int) -> Value:
+    g = ctx.graph
+    dim = g.shape(x)[axis]
+    if dim.is_fixed and start.is_fixed and end.is_fixed:
+        first, length = _fixed_bounds(dim.factor, start.factor, end.factor, step)
+        return g.slice_raw(x, axis, first, step, length)
+    if step < 0:
+        ctx.unsupported(f"negative step on symbolic axis {axis} ({dim}) or with symbolic bounds")
+    to_end = end.is_fixed and end.factor >= INT_BIG
+    if start.is_fixed and start.factor < 0 and (to_end or (end.is_fixed and end.factor < 0)):
+        # both bounds count from the end of a symbolic axis: a fixed count at runtime offsets
+        last = 0 if to_end else end.factor
+        length = max(0, -(-(last - start.factor) // step))
+        offsets = g.constant(start.factor + step * np.arange(length, dtype=np.int64))
+        return g.gather(x, axis, g.add(offsets, scalar_operand(ctx, dim, DType.I64)))
+    if (start.is_fixed and start.factor < 0) or (end.is_fixed and end.factor < 0):
+        ctx.unsupported(f"bounds {start}:{end} mix the start and the end of symbolic axis {axis} ({dim})")
+    stop = dim if to_end else end
+    count = stop - start
+    # a symbolic count must divide exactly by the step (else refused)
+    length = Size(max(0, -(-count.factor // step))) if count.is_fixed else count // step
+    return g.slice_raw(x, axis, start, step, length)
+
+
+def _slice_args(ctx: NodeContext) -> tuple[list[Size], list[Size], list[int] | None, list[int] | None]:
+    if ctx.opset < 10:
+        starts = [Size(v) for v in ctx.attr_ints("starts") or []]
+        ends = [Size(v) for v in ctx.attr_ints("ends") or []]
+        return starts, ends, ctx.attr_ints("axes"), None
+    axes = static_ints(ctx, 3, "axes") if ctx.has_input(3) else None
+    steps = static_ints(ctx, 4, "steps") if ctx.has_input(4) else None
+    return ctx.input_sizes(1, "starts"), ctx.input_sizes(2, "ends"), axes, steps
+
+
+@onnx_op("Slice")
+def slice_(ctx: NodeContext) -> Result:
+    rank = ctx.input_rank(0)
+    starts, ends, axes, steps = _slice_args(ctx)
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        ctx.unsupported("starts, ends, axes and steps differ in length")
+    norm = [ctx.axis(a, rank) for a in axes]
+    if len(set(norm)) != len(norm) or 0 in steps:
+        ctx.unsupported(f"repeated axes {axes} or a zero step {steps}")
+    r = ctx.raw_input(0)
+    fixed = all(s.is_fixed for s in starts + ends)
+    if isinstance(r, Known) and fixed:
+        for a, s, e, st in zip(norm, starts, ends, steps, strict=True):
+            first, length = _fixed_bounds(r.shape[a], s.factor, e.factor, st)
+            idx = first + st * np.arange(length)
+            r = known_apply(r, lambda d, a=a, idx=idx: np.take(d, idx, axis=a))
+        return r
+    x = ctx.input(0)
+    for a, s, e, st in zip(norm, starts, ends, steps, strict=True):
+        x = _slice_axis(ctx, x, a, s, e, st)
+    return x
+
+
+# -- Gather family ----------------------------------------------------------------------------------
+def _static_indices(ctx: NodeContext, i: int) -> np.ndarray | None:
+    """Integer indices known at load time (never symbolic), else None."""
+    k = ctx.input_known(i)
+    if k is None:
+        return None
+    if k.is_symbolic:
+        ctx.unsupported(f"indices (input {i}) hold symbolic sizes {k.data.tolist()}")
+    if not k.dtype.is_int:
+        ctx.unsupported(f"indices must be integers, found {k.dtype}")
+    return k.data.astype(np.int64)
+
+
+def _normalise(ctx: NodeContext, idx: np.ndarray, n: int, what: str) -> np.ndarray:
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        ctx.unsupported(f"{what} index {idx[bad][0]} out of range for size {n}")
+    return np.where(idx < 0, idx + n, idx)
+
+
+def _wrap_runtime(ctx: NodeContext, idx: Value, n: Size) -> Value:
+    """Runtime indices as i64 with negatives wrapped: select(idx < 0, idx + n, idx)."""
+    g = ctx.graph
+    idx = g.cast(idx, DType.I64)
+    wrapped = g.add(idx, scalar_operand(ctx, n, DType.I64))
+    return g.select(g.binary(BinaryOp.LT, idx, 0), wrapped, idx)
+
+
+def _take_flat(ctx: NodeContext, x: Value, axis: int, flat: Value, out: Shape) -> Value:
+    g = ctx.graph
+    return g.view(g.gather(x, axis, flat), out)
+
+
+@onnx_op("Gather")
+def gather(ctx: NodeContext) -> Result:
+    shape = ctx.input_shape(0)
+    axis = ctx.axis(ctx.attr_int("axis", 0), shape.rank)
+    dim = shape[axis]
+    idx = _static_indices(ctx, 1)
+    r = ctx.raw_input(0)
+    if isinstance(r, Known) and idx is not None:
+        norm = _normalise(ctx, idx, r.shape[axis], "gather")
+        return known_apply(r, lambda d: np.take(d, norm, axis=axis))
+    g = ctx.graph
+    x = ctx.input(0)
+    idx_shape = ctx.input_shape(1)
+    out = Shape(shape.dims[:axis]) + idx_shape + Shape(shape.dims[axis + 1 :])
+    if idx is not None:
+        flat = idx.reshape(-1)
+        if dim.is_fixed:
+            return _take_flat(ctx, x, axis, g.constant(_normalise(ctx, flat, dim.factor, "gather")), out)
+        if (flat >= 0).all():
+            return _take_flat(ctx, x, axis, g.constant(flat), out)
+        indices = _wrap_runtime(ctx, g.constant(flat), dim)
+    else:
+        indices = g.view(ctx.input(1), Shape.of(idx_shape.size()))
+        if ctx.input_dtype(1).is_signed:
+            indices = _wrap_runtime(ctx, indices, dim)
+    return _take_flat(ctx, x, axis, indices, out)
+
+
+def _linear(ctx: NodeContext, coords: Sequence[Value], dims: Sequence[Size]) -> Value:
+    """Σ coordᵢ·strideᵢ (row-major strides of `dims`) in i64: a flat index into those dims."""
+    g = ctx.graph
+    total: Value | None = None
+    stride = Size(1)
+    for c, d in zip(reversed(coords), reversed(dims), strict=True):
+        term = g.mul(c, scalar_operand(ctx, stride, DType.I64))
+        total = term if total is None else g.add(total, term)
+        stride = stride * d
+    assert total is not None
+    return total
+
+
+@onnx_op("GatherElements")
+def gather_elements(ctx: NodeContext) -> Result:
+    shape, idx_shape = ctx.input_shape(0), ctx.input_shape(1)
+    axis = ctx.axis(ctx.attr_int("axis", 0), shape.rank)
+    if idx_shape.rank != shape.rank:
+        ctx.unsupported(f"indices rank {idx_shape.rank} differs from data rank {shape.rank}")
+    g = ctx.graph
+    x = g.view(ctx.input(0), Shape.of(shape.size()))
+    idx = _static_indices(ctx, 1)
+    if idx is not None and shape.is_fixed:
+        dims = shape.fixed_dims()
+        coords = list(np.indices(idx.shape))
+        coords[axis] = _normalise(ctx, idx, dims[axis], "gather_elements")
+        flat = np.ravel_multi_index(tuple(coords), dims).reshape(-1) if idx.size else np.zeros(0, np.int64)
+        return _take_flat(ctx, x, 0, g.constant(flat.astype(np.int64)), idx_shape)
+    along = _wrap_runtime(ctx, ctx.input(1), shape[axis])
+    coords = [along if i == axis else g.iota(idx_shape, i) for i in range(shape.rank)]
+    flat = g.view(_linear(ctx, coords, list(shape)), Shape.of(idx_shape.size()))
+    return _take_flat(ctx, x, 0, flat, idx_shape)
+
+
+@onnx_op("GatherND")
+def gather_nd(ctx: NodeContext) -> Result:
+    shape, idx_shape = ctx.input_shape(0), ctx.input_shape(1)
+    b = ctx.attr_int("batch_dims", 0)
+    if idx_shape.rank < 1 or not 0 <= b < min(shape.rank, idx_shape.rank):
+        ctx.unsupported(f"batch_dims {b} invalid for data {shape} and indices {idx_shape}")
+    k = idx_shape[-1].as_int("the index depth")
+    if b + k > shape.rank or Shape(shape.dims[:b]) != Shape(idx_shape.dims[:b]):
+        ctx.unsupported(f"indices {idx_shape} do not address data {shape} with batch_dims {b}")
+    g = ctx.graph
+    lead = Shape(shape.dims[: b + k])
+    rest = Shape(shape.dims[b + k :])
+    rows = g.view(ctx.input(0), Shape.of(lead.size()) + rest)
+    prefix = Shape(idx_shape.dims[:-1])
+    out = prefix + rest
+    idx = _static_indices(ctx, 1)
+    if idx is not None and lead.is_fixed:
+        dims = lead.fixed_dims()
+        batch = list(np.indices(idx.shape[:-1]))[:b]
+        comps = [_normalise(ctx, idx[..., j], dims[b + j], "gather_nd") for j in range(k)]
+        flat = np.ravel_multi_index(tuple(batch + comps), dims).reshape(-1) if idx.size else np.zeros(0, np.int64)
+        return _take_flat(ctx, rows, 0, g.constant(flat.astype(np.int64)), out)
+    iv = ctx.input(1)
+    coords = [g.iota(prefix, i) for i in range(b)]
+    for j in range(k):
+        comp = g.view(g.slice_raw(iv, -1, j, 1, 1), prefix)
+        coords.append(_wrap_runtime(ctx, comp, shape[b + j]))
+    flat = g.view(_linear(ctx, coords, list(lead)), Shape.of(prefix.size()))
+    return _take_flat(ctx, rows, 0, flat, out)
+
+
+@onnx_op("Compress")
+def compress(ctx: NodeContext) -> Result:
+    shape = ctx.input_shape(0)
+    cond = np.asarray(ctx.input_static(1, "condition")).reshape(-1).astype(bool)
+    g = ctx.graph
+    x = ctx.input(0)
+    if ctx.has_attr("axis"):
+        axis = ctx.axis(ctx.attr_int("axis"), shape.rank)
+    else:
+        x, axis = g.view(x, Shape.of(shape.size())), 0
+    dim = g.shape(x)[axis]
+    if dim.is_fixed and cond.size > dim.factor:
+        ctx.unsupported(f"condition of length {cond.size} is longer than the axis ({dim})")
+    return g.gather(x, axis, g.constant(np.nonzero(cond)[0].astype(np.int64)))
+
+
+@onnx_op("ReverseSequence")
+def reverse_sequence(ctx: NodeContext) -> Result:
+    shape = ctx.input_shape(0)
+    batch_axis = ctx.axis(ctx.attr_int("batch_axis", 1), shape.rank)
+    time_axis = ctx.axis(ctx.attr_int("time_axis", 0), shape.rank)
+    lens = static_ints(ctx, 1, "sequence_lens")
+    steps = shape[time_axis].as_int("the time axis size")
+    if batch_axis == time_axis or Size(len(lens)) != shape[batch_axis]:
+        ctx.unsupported(f"sequence_lens {lens} do not match batch axis {batch_axis} of {shape}")
+    if any(not 0 <= n <= steps for n in lens):
+        ctx.unsupported(f"sequence_lens {lens} out of range [0, {steps}]")
+    g = ctx.graph
+    x = ctx.input(0)
+    parts = []
+    for b, n in enumerate(lens):
+        perm = np.concatenate([np.arange(n - 1, -1, -1), np.arange(n, steps)]).astype(np.int64)
+        row = g.slice_raw(x, batch_axis, b, 1, 1)
+        parts.append(g.gather(row, time_axis, g.constant(perm)))
+    return g.concat(parts, batch_axis)
+
+
+# -- padding and cropping ---------------------------------------------------------------------------
+def _pad_value(ctx: NodeContext, dtype: DType) -> float | int | bool:
+    if ctx.opset < 11:
+        value: float | int | bool = ctx.attr_float("value", 0.0)
+    elif ctx.has_input(2):
+        arr = np.asarray(ctx.input_static(2, "constant_value"))
+        if arr.size != 1:
+            ctx.unsupported(f"constant_value must be a scalar, found shape {list(arr.shape)}")
+        value = arr.reshape(-1)[0].item()
+    else:
+        value = 0
+    return np.array(value).astype(dtype.np).item()
+
+
+@onnx_op("Pad")
+def pad(ctx: NodeContext) -> Result:
+    rank = ctx.input_rank(0)
+    mode = ctx.attr_str("mode", "constant")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        ctx.unsupported(f"mode '{mode}'")
+    if ctx.opset < 11:
+        pads = ctx.attr_ints("pads" if ctx.opset >= 2 else "paddings") or []
+        axes = list(range(rank))
+    else:
+        pads = static_ints(ctx, 1, "pads")
+        axes = static_ints(ctx, 3, "axes") if ctx.has_input(3) else list(range(rank))
+    if len(pads) != 2 * len(axes):
+        ctx.unsupported(f"{len(pads)} pads for {len(axes)} axes")
+    per_axis = [(0, 0)] * rank
+    for i, a in enumerate(axes):
+        per_axis[ctx.axis(a, rank)] = (pads[i], pads[i + len(axes)])
+    value = _pad_value(ctx, ctx.input_dtype(0))
+    return ctx.graph.pad(ctx.input(0), per_axis, mode, value)  # type: ignore[arg-type]
+
+
+@onnx_op("CenterCropPad")
+def center_crop_pad(ctx: NodeContext) -> Result:
+    shape = ctx.input_shape(0)
+    target = static_ints(ctx, 1, "shape")
+    axes = [ctx.axis(a, shape.rank) for a in ctx.attr_ints("axes") or range(shape.rank)]
+    if len(target) != len(axes):
+        ctx.unsupported(f"shape {target} does not match axes {axes}")
+    g = ctx.graph
+    x = ctx.input(0)
+    for a, want in zip(axes, target, strict=True):
+        if Size(want) == shape[a]:
+            continue
+        n = shape[a].as_int(f"axis {a} size")
+        if want < n:
+            x = g.slice_raw(x, a, (n - want) // 2, 1, want)
+        else:
+            before = (want - n) // 2
+            pads = [(0, 0)] * shape.rank
+            pads[a] = (before, want - n - before)
+            x = g.pad(x, pads)
+    return x
+
+
+# -- masks and one-hot encodings --------------------------------------------------------------------
+def _band(ctx: NodeContext, rows: Size, cols: Size, k: int, op: BinaryOp) -> Value:
+    """The bool [rows, cols] mask `col op row + k` (Trilu: GE for upper, LE for lower)."""
+    g = ctx.graph
+    r = g.iota(Shape.of(rows, cols), 0)
+    c = g.iota(Shape.of(rows, cols), 1)
+    return g.binary(op, c, g.add(r, k))
+
+
+@onnx_op("Trilu")
+def trilu(ctx: NodeContext) -> Result:
+    shape = ctx.input_shape(0)
+    if shape.rank < 2:
+        ctx.unsupported(f"input rank {shape.rank} < 2")
+    upper = ctx.attr_int("upper", 1)
+    k = 0
+    if ctx.has_input(1):
+        ks = static_ints(ctx, 1, "k")
+        if len(ks) != 1:
+            ctx.unsupported(f"k must be a scalar, found {ks}")
+        k = ks[0]
+    mask = _band(ctx, shape[-2], shape[-1], k, BinaryOp.GE if upper else BinaryOp.LE)
+    return ctx.graph.select(mask, ctx.input(0), 0)
+
+
+@onnx_op("EyeLike")
+def eye_like(ctx: NodeContext) -> Result:
+    shape = ctx.input_shape(0)
+    if shape.rank != 2:
+        ctx.unsupported(f"input rank {shape.rank}, expected 2")
+    ctx.raw_input(0)
+    dtype = ctx.input_dtype(0)
+    if ctx.has_attr("dtype"):
+        dtype = onnx_dtype(ctx.attr_int("dtype"), ctx.name)
+    g = ctx.graph
+    mask = _band(ctx, shape[0], shape[1], ctx.attr_int("k", 0), BinaryOp.EQ)
+    if dtype.is_bool:
+        return mask
+    return g.select(mask, g.scalar(1, dtype), g.scalar(0, dtype))
+
+
+@onnx_op("OneHot")
+def one_hot(ctx: NodeContext) -> Result:
+    idx_shape = ctx.input_shape(0)
+    depth_arr = np.asarray(ctx.input_static(1, "depth")).reshape(-1)
+    if depth_arr.size != 1 or depth_arr[0] != int(depth_arr[0]) or int(depth_arr[0]) < 1:
+        ctx.unsupported(f"depth must be one positive integer, found {depth_arr.tolist()}")
+    depth = int(depth_arr[0])
+    axis = ctx.axis(ctx.attr_int("axis", -1), idx_shape.rank + 1)
+    if ctx.input_shape(2) != Shape.of(2):
+        ctx.unsupported(f"values must have shape [2], found {ctx.input_shape(2)}")
+    g = ctx.graph
+    values = ctx.input(2)
+    off, on = (g.view(g.slice_raw(values, 0, i, 1, 1), Shape.of()) for i in (0, 1))
+    idx = _wrap_runtime(ctx, ctx.input(0), Size(depth))
+    out = idx_shape.insert(axis, depth)
+    hit = g.binary(BinaryOp.EQ, g.iota(out, axis), g.view(idx, idx_shape.insert(axis, 1)))
+    return g.select(hit, on, off)
+
+
+# -- blocks and channels ----------------------------------------------------------------------------
+def _nchw(ctx: NodeContext) -> tuple[Size, Size, Size, Size, int]:
+    shape = ctx.input_shape(0)
+    if shape.rank != 4:
+        ctx.unsupported(f"expected a 4-d NCHW input, found {shape}")
+    b = ctx.attr_int("blocksize")
+    if b < 1:
+        ctx.unsupported(f"blocksize {b}")
+    n, c, h, w = shape.dims
+    return n, c, h, w, b
+
+
+@onnx_op("DepthToSpace")
+def depth_to_space(ctx: NodeContext) -> Result:
+    n, c, h, w, b = _nchw(ctx)
+    mode = ctx.attr_str("mode", "DCR")
+    g = ctx.graph
+    x = ctx.input(0)
+    match mode:
+        case "DCR":
+            y = g.permute(g.view(x, Shape.of(n, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
+        case "CRD":
+            y = g.permute(g.view(x, Shape.of(n, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
+        case _:
+            ctx.unsupported(f"mode '{mode}'")
+    return g.view(y, Shape.of(n, c // (b * b), h * b, w * b))
+
+
+@onnx_op("SpaceToDepth")
+def space_to_depth(ctx: NodeContext) -> Result:
+    n, c, h, w, b = _nchw(ctx)
+    g = ctx.graph
+    blocks = g.view(ctx.input(0), Shape.of(n, c, h // b, b, w // b, b))
+    y = g.permute(blocks, (0, 3, 5, 1, 2, 4))
+    return g.view(y, Shape.of(n, c * b * b, h // b, w // b))
+
+
+# -- scatter (static indices) -----------------------------------------------------------------------
+def _scatter(ctx: NodeContext, targets: np.ndarray, reduction: str) -> Value:
+    """Write updates (flattened) to the flat data positions `targets[u]`, in order.
+
+    Built as rounds of gather + select: round r applies every position's r-th write, so repeated
+    positions accumulate exactly as the sequential reference does."""
+    g = ctx.graph
+    shape = ctx.input_shape(0)
+    out = ctx.input(0)
+    n = math.prod(shape.fixed_dims())
+    updates = ctx.input(2)
+    u_count = targets.size
+    if u_count == 0:
+        return out
+    flat_upd = g.view(updates, Shape.of(u_count))
+    order: list[list[int]] = [[] for _ in range(n)]
+    for u, t in enumerate(targets.tolist()):
+        order[t].append(u)
+    if reduction == "none":
+        order = [o[-1:] for o in order]
+    rounds = max(len(o) for o in order)
+    for r in range(rounds):
+        mask = np.array([len(o) > r for o in order], dtype=bool)
+        src = np.array([o[r] if len(o) > r else 0 for o in order], dtype=np.int64)
+        upd = g.view(g.gather(flat_upd, 0, g.constant(src)), shape)
+        match reduction:
+            case "none":
+                new = upd
+            case "add":
+                new = g.add(out, upd)
+            case "mul":
+                new = g.mul(out, upd)
+            case "max":
+                new = g.maximum(out, upd)
+            case "min":
+                new = g.minimum(out, upd)
+            case _:
+                ctx.unsupported(f"reduction '{reduction}'")
+        out = g.select(g.view(g.constant(mask), shape), new, out)
+    return out
+
+
+def _scatter_shapes(ctx: NodeContext) -> tuple[tuple[int, ...], np.ndarray]:
+    dims = ctx.input_shape(0).fixed_dims("scatter data shape")
+    idx = np.asarray(ctx.input_static(1, "indices"))
+    if idx.dtype.kind not in "iu":
+        ctx.unsupported(f"indices must be integers, found {idx.dtype}")
+    return dims, idx.astype(np.int64)
+
+
+@onnx_op("Scatter", "ScatterElements")
+def scatter_elements(ctx: NodeContext) -> Result:
+    dims, idx = _scatter_shapes(ctx)
+    axis = ctx.axis(ctx.attr_int("axis", 0), len(dims))
+    reduction = ctx.attr_str("reduction", "none")
+    if idx.ndim != len(dims) or ctx.input_shape(2) != Shape.of(*idx.shape):
+        ctx.unsupported(f"indices {list(idx.shape)} and updates {ctx.input_shape(2)} must match")
+    bad = [i for i, (s, d) in enumerate(zip(idx.shape, dims, strict=True)) if s > d and i != axis]
+    if bad:
+        ctx.unsupported(f"indices {list(idx.shape)} exceed data {list(dims)} on axes {bad}")
+    coords = list(np.indices(idx.shape))
+    coords[axis] = _normalise(ctx, idx, dims[axis], "scatter")
+    targets = np.ravel_multi_index(tuple(coords), dims).reshape(-1) if idx.size else np.zeros(0, np.int64)
+    return _scatter(ctx, targets, reduction)
+
+
+@onnx_op("ScatterND")
+def scatter_nd(ctx: NodeContext) -> Result:
+    dims, idx = _scatter_shapes(ctx)
+    reduction = ctx.attr_str("reduction", "none")
+    if idx.ndim < 1 or idx.shape[-1] > len(dims):
+        ctx.unsupported(f"indices {list(idx.shape)} do not address data {list(dims)}")
+    k = idx.shape[-1]
+    want = Shape.of(*idx.shape[:-1], *dims[k:])
+    if ctx.input_shape(2) != want:
+        ctx.unsupported(f"updates {ctx.input_shape(2)}, expected {want}")
+    comps = tuple(_normalise(ctx, idx[..., j], dims[j], "scatter_nd") for j in range(k))
+    rows = np.ravel_multi_index(comps, dims[:k]).reshape(-1) if k else np.zeros(idx.shape[:-1], np.int64).reshape(-1)
+    inner = math.prod(dims[k:])
+    targets = (rows[:, None] * inner + np.arange(inner)[None, :]).reshape(-1)
+    return _scatter(ctx, targets, reduction)
