@@ -55,6 +55,9 @@ def run_case(case) -> Outcome:
     if not case.data_sets:
         return Outcome(case.name, "unsupported", "no data sets")
     inputs, expected = case.data_sets[0]
+    # rank-0 tensors are stored as NumPy scalars: they are tensors all the same
+    inputs = [np.asarray(a) if isinstance(a, np.generic) else a for a in inputs]
+    expected = [np.asarray(a) if isinstance(a, np.generic) else a for a in expected]
     if len(inputs) != len(names) or not all(isinstance(a, np.ndarray) for a in inputs):
         return Outcome(case.name, "unsupported", "non-tensor inputs (sequences/optionals)")
     if not all(isinstance(a, np.ndarray) for a in expected):
