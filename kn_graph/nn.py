@@ -28,6 +28,12 @@ def _lowest(dtype: DType) -> float | int:
     return int(np.iinfo(dtype.np).min)
 
 
+def _axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise GraphError(f"axis {axis} out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
 class NNBuilders:
     """Mixed into `Graph`; every method builds from the graph's core builders."""
 
@@ -119,7 +125,7 @@ class NNBuilders:
     def repeat(self: Graph, x: Value, axis: int, n: SizeLike) -> Value:
         """Tile: [a, b] repeated 2 times on axis 0 gives [a, b, a, b]."""
         shape = self[x].shape
-        axis = axis + shape.rank if axis < 0 else axis
+        axis = _axis(axis, shape.rank)
         y = self.view(x, shape.insert(axis, 1))
         y = self.broadcast(y, shape.insert(axis, n))
         return self.view(y, shape.replace(axis, Size.of(n) * shape[axis]))
@@ -127,7 +133,7 @@ class NNBuilders:
     def repeat_interleave(self: Graph, x: Value, axis: int, n: SizeLike) -> Value:
         """[a, b] repeated 2 times on axis 0 gives [a, a, b, b]."""
         shape = self[x].shape
-        axis = axis + shape.rank if axis < 0 else axis
+        axis = _axis(axis, shape.rank)
         y = self.view(x, shape.insert(axis + 1, 1))
         y = self.broadcast(y, shape.insert(axis + 1, n))
         return self.view(y, shape.replace(axis, Size.of(n) * shape[axis]))
