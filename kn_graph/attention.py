@@ -49,7 +49,7 @@ def decompose_attention(
     scale: float,
     causal: bool,
 ) -> Value:
-    """softmax(q·kᵀ·scale + mask [+ causal −inf])·v from the core ops, validated like the fused
+    """softmax(q·kᵀ·scale + mask [+ causal -inf])·v from the core ops, validated like the fused
     op (so a bad operand fails the same way whichever form is built)."""
     qi, ki, vi = g[q], g[k], g[v]
     if qi.rank != 3 or ki.rank != 3 or vi.rank != 3:

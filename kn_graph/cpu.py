@@ -319,7 +319,7 @@ def _softmax(a: np.ndarray, axis: int) -> np.ndarray:
 def _attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float, causal: bool
 ) -> np.ndarray:
-    """softmax(q·kᵀ·scale + mask, causal: −inf where j > i + n − m)·v; f16 math in f32."""
+    """softmax(q·kᵀ·scale + mask, causal: -inf where j > i + n - m)·v; f16 math in f32."""
     if q.dtype == np.float16:
         m32 = None if mask is None else mask.astype(np.float32)
         f32 = (q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))

@@ -206,7 +206,9 @@ def optimize(graph: Graph, settings: OptimizerSettings | None = None) -> Graph:
     g = graph
     for _ in range(max(1, settings.max_rounds)):
         new = _round(g, settings)
-        done = len(new) >= len(g)
+        # a rewrite leaves the values it replaced dead in `new` (they were copied before their
+        # user matched): count live values, so the next round sweeps them
+        done = sum(_live(new)) >= len(g)
         g = new
         if done:
             break
