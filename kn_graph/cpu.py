@@ -103,6 +103,8 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
         info = graph[v]
         try:
             result = _compute(info, env, arrays, bindings)
+        except EvaluationError as e:  # raised by an op's own check: add the value and its op
+            raise EvaluationError(f"while computing {graph.format_value(v)}: {e}") from e
         except KnError:
             raise
         except Exception as e:  # numpy errors become ours, naming the value and its op
@@ -347,10 +349,10 @@ def _layernorm(a: np.ndarray, axis: int, eps: float) -> np.ndarray:
 def _reduce(op: ReduceOp, a: np.ndarray, axes: tuple[int, ...], dt: np.dtype) -> np.ndarray:
     with np.errstate(all="ignore"):
         match op:
-            case ReduceOp.SUM:
-                return np.sum(a, axis=axes, dtype=a.dtype)
+            case ReduceOp.SUM:  # f16 accumulates in f32, as the GPU kernels do
+                return np.sum(a, axis=axes, dtype=_acc(a.dtype)).astype(dt, copy=False)
             case ReduceOp.PROD:
-                return np.prod(a, axis=axes, dtype=a.dtype)
+                return np.prod(a, axis=axes, dtype=_acc(a.dtype)).astype(dt, copy=False)
             case ReduceOp.MEAN:
                 acc = np.float32 if a.dtype == np.float16 else a.dtype
                 return np.mean(a, axis=axes, dtype=acc).astype(dt)
@@ -364,6 +366,11 @@ def _reduce(op: ReduceOp, a: np.ndarray, axes: tuple[int, ...], dt: np.dtype) ->
                 return np.argmax(a, axis=axes[0]).astype(np.int64)
             case _:
                 assert_never(op)
+
+
+def _acc(dtype: np.dtype) -> np.dtype:
+    """The accumulator type of a reduction: f32 for f16, else the type itself."""
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 
 def _extreme(dtype: np.dtype, high: bool) -> object:
