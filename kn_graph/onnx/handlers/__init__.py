@@ -1,5 +1,6 @@
 """ONNX op handlers, one module per op family; importing this package registers them all."""
 
 from kn_graph.onnx.handlers import elementwise, nn, reduce, shape  # noqa: F401
+from kn_graph.onnx.handlers import loss, quant  # noqa: F401  (elementwise compositions)
 from kn_graph.onnx.handlers import control, tensor  # noqa: F401  (indexing, If)
 from kn_graph.onnx.handlers import conv, norm, pool, resize  # noqa: F401  (nn family)
