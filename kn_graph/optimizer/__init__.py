@@ -4,7 +4,15 @@ Each rewrite family lives in its own module and registers itself with `@rewrite(
 import order below is the order rewrites are tried on each value.
 """
 
+# import order is trial order
+# isort: off
+from kn_graph.optimizer import fold  # noqa: F401  (first: the patterns below then see constants)
+from kn_graph.optimizer import norm  # noqa: F401  (detect_layernorm)
+from kn_graph.optimizer import activations  # noqa: F401  (detect_gelu, detect_silu)
 from kn_graph.optimizer import attention  # noqa: F401  (registers detect_attention)
+from kn_graph.optimizer import affine  # noqa: F401  (after detection: must not eat patterns)
+from kn_graph.optimizer import clamp  # noqa: F401  (fuse_clamp)
+# isort: on
 from kn_graph.optimizer.core import REWRITES, OptimizerSettings, Rewriter, optimize, rewrite
 
 __all__ = ["REWRITES", "OptimizerSettings", "Rewriter", "optimize", "rewrite"]
