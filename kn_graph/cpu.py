@@ -20,7 +20,7 @@ import numpy as np
 import scipy.special
 
 from kn_graph.dtype import DType
-from kn_graph.errors import EvaluationError, InputMismatchError, KnError
+from kn_graph.errors import EvaluationError, InputMismatchError, KnError, ShapeMismatchError
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
     Attention,
@@ -80,12 +80,17 @@ def bind_inputs(
             raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
         out.append(a)
     known = {BATCH: int(batch_size)} if batch_size is not None else None
-    bindings = infer_symbols(
-        [graph[v].shape for v in graph.inputs],
-        [a.shape for a in out],
-        [f"input '{n}'" for n in names],
-        known,
-    )
+    try:
+        bindings = infer_symbols(
+            [graph[v].shape for v in graph.inputs],
+            [a.shape for a in out],
+            [f"input '{n}'" for n in names],
+            known,
+        )
+    except InputMismatchError:
+        raise
+    except ShapeMismatchError as e:  # a bad input shape is an input mismatch (a subclass)
+        raise InputMismatchError(str(e)) from e
     return out, bindings
 
 
