@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from kn_graph.dtype import DType
-from kn_graph.errors import StaticInputRequiredError, UnsupportedOnnxError
+from kn_graph.errors import KnError, StaticInputRequiredError, UnsupportedOnnxError
 from kn_graph.graph import Graph
 from kn_graph.ops import Input, ReduceOp, Value
 from kn_graph.shape import Shape, Size
@@ -68,6 +68,38 @@ def _simplify(x: object) -> object:
     if isinstance(x, np.generic):
         return x.item()
     return x
+
+
+def _fold_constant(g: Graph, v: Value) -> np.ndarray | Value | None:
+    """Evaluate a computed value at load time when it depends on constants only (Cast(-inf),
+    Max(Shape(x), [4]) …). Else the first graph input it depends on, or None when it depends on
+    symbolic sizes."""
+    from kn_graph.cpu import evaluate
+
+    seen: set[int] = set()
+    stack, order = [v], []
+    while stack:
+        x = stack.pop()
+        if x.index in seen:
+            continue
+        seen.add(x.index)
+        info = g[x]
+        if isinstance(info.op, Input):
+            return x
+        order.append(x)
+        stack.extend(info.op.inputs)
+    if not all(g[x].shape.is_fixed for x in order):
+        return None
+    sub = Graph()
+    mapping: dict[Value, Value] = {}
+    for x in sorted(order, key=lambda y: y.index):
+        info = g[x]
+        mapping[x] = sub._push(info.shape, info.dtype, info.op.map_inputs(lambda y: mapping[y]))
+    sub.add_output(mapping[v])
+    try:
+        return evaluate(sub, [])[0]
+    except KnError:
+        return None
 
 
 Result = Value | Known
@@ -182,6 +214,12 @@ class NodeContext:
         info = self.graph[r]
         if isinstance(info.op, Input):
             raise StaticInputRequiredError(self.name, self.op_type, self.node.input[i], what)
+        folded = _fold_constant(self.graph, r)
+        if isinstance(folded, np.ndarray):
+            return folded
+        if folded is not None:  # computed from a graph input: that input must be given
+            name = self.graph[folded].debug_name
+            raise StaticInputRequiredError(self.name, self.op_type, name, what)
         self.unsupported(f"{what} (input {i}, '{self.node.input[i]}') must be a constant, found a computed value")
 
     def input_sizes(self, i: int, what: str) -> list[Size]:

@@ -29,7 +29,7 @@ def known(data: np.ndarray, dtype: DType) -> Known:
     """A Known from a NumPy array (object arrays may hold Sizes; plain arrays are cast)."""
     if data.dtype == object:
         return Known.of(data, dtype)
-    return Known(np.ascontiguousarray(data.astype(dtype.np, copy=False)), dtype)
+    return Known(np.array(data, dtype=dtype.np), dtype)  # a copy, rank 0 kept
 
 
 def known_apply(k: Known, f: Callable[[np.ndarray], np.ndarray]) -> Known:

@@ -409,9 +409,16 @@ def depth_to_space(ctx: NodeContext) -> Result:
 @onnx_op("SpaceToDepth")
 def space_to_depth(ctx: NodeContext) -> Result:
     n, c, h, w, b = _nchw(ctx)
+    mode = ctx.attr_str("mode", "DCR")
     g = ctx.graph
     blocks = g.view(ctx.input(0), Shape.of(n, c, h // b, b, w // b, b))
-    y = g.permute(blocks, (0, 3, 5, 1, 2, 4))
+    match mode:
+        case "DCR":
+            y = g.permute(blocks, (0, 3, 5, 1, 2, 4))
+        case "CRD":
+            y = g.permute(blocks, (0, 1, 3, 5, 2, 4))
+        case _:
+            ctx.unsupported(f"mode '{mode}'")
     return g.view(y, Shape.of(n, c * b * b, h // b, w // b))
 
 
