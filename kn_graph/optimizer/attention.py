@@ -63,11 +63,24 @@ class _Operand:
 
 
 @dataclass(slots=True)
+class _Mask:
+    """One masking step on the scores, with the scale applied after it: an additive mask
+    (`scores + value`), or a masked fill (`Select(value, scores, fill)`, or `Select(value, fill,
+    scores)` when `fill_on_true`) whose fill is -inf or a huge negative number."""
+
+    value: Value
+    factor: float
+    fill: float | None = None
+    fill_on_true: bool = False
+    lowest: float = 0.0  # half the scores dtype's lowest value: what still masks like -inf
+
+
+@dataclass(slots=True)
 class _Block:
     q: _Operand
     kt: _Operand
     v: Value
-    masks: list[tuple[Value, float]]  # (old mask value at its Add, scale applied after it)
+    masks: list[_Mask]
     scale: float
 
 
@@ -78,6 +91,28 @@ def _scalar(g: Graph, x: Value) -> float | None:
         return None
     s = float(s)
     return s if math.isfinite(s) and s != 0.0 else None
+
+
+def _huge_negative(g: Graph, x: Value) -> float | None:
+    """A scalar constant that masks like -inf: -inf itself or below half the dtype's lowest."""
+    s = g.scalar_value(x)
+    if s is None or isinstance(s, bool) or not g[x].dtype.is_float:
+        return None
+    return float(s) if float(s) <= float(np.finfo(g[x].dtype.np).min) / 2 else None
+
+
+def _fill_select(g: Graph, x: Value) -> tuple[Value, _Mask] | None:
+    """x = Select(cond, scores, fill) or Select(cond, fill, scores): (scores, mask)."""
+    op = g[x].op
+    if not isinstance(op, Select):
+        return None
+    fa, fb = _huge_negative(g, op.a), _huge_negative(g, op.b)
+    lowest = float(np.finfo(g[x].dtype.np).min) / 2
+    if fb is not None and fa is None:
+        return op.a, _Mask(op.cond, 1.0, fb, False, lowest)
+    if fa is not None and fb is None:
+        return op.b, _Mask(op.cond, 1.0, fa, True, lowest)
+    return None
 
 
 def _scaled(g: Graph, x: Value) -> tuple[Value, float] | None:
@@ -114,8 +149,8 @@ def _peel_scale(g: Graph, x: Value) -> _Operand:
 
 
 def _landing(g: Graph, x: Value) -> int:
-    """How much `x` looks like the scores side of an Add: 2 when views and scalings lead to a
-    rank-3 MatMul, 1 when they lead to another Add (more masks below), else 0."""
+    """How much `x` looks like the scores side of an Add: 2 when views, scalings and masked
+    fills lead to a rank-3 MatMul, 1 when they lead to another Add (more masks below), else 0."""
     for _ in range(64):  # bounded walk down a linear chain
         op = g[x].op
         match op:
@@ -127,9 +162,10 @@ def _landing(g: Graph, x: Value) -> int:
                 return 1
             case _:
                 hit = _scaled(g, x)
-                if hit is None:
+                fill = _fill_select(g, x) if hit is None else None
+                if hit is None and fill is None:
                     return 0
-                x = hit[0]
+                x = hit[0] if hit is not None else fill[0]  # type: ignore[index]
     return 0
 
 
@@ -151,7 +187,7 @@ def _match(g: Graph, v: Value) -> _Block | None:
         return None
     # the scores: views, scalings and mask additions down to the Q·Kᵀ MatMul
     x, factor = sm.x, 1.0
-    masks: list[tuple[Value, float]] = []
+    masks: list[_Mask] = []
     while True:
         info = g[x]
         if info.rank < 2 or info.shape.dims[-2:] != mn or not g.is_hidden_with_uses(x, 1):
@@ -166,8 +202,15 @@ def _match(g: Graph, v: Value) -> _Block | None:
                 if max(la, lb) == 0:
                     return None
                 scores, mask = (a, b) if la >= lb else (b, a)
-                masks.append((mask, factor))
+                masks.append(_Mask(mask, factor))
                 x = scores
+            case Select():
+                fill = _fill_select(g, x)
+                if fill is None:
+                    return None
+                x, mk = fill
+                mk.factor = factor
+                masks.append(mk)
             case _:
                 hit = _scaled(g, x)
                 if hit is None:
@@ -199,24 +242,27 @@ def _unsqueeze_axis(src: Shape, dst: Shape, axis: int) -> int | None:
     return s_real[d_real.index(axis)]
 
 
-def _causal_offset(g: Graph, mask: Value, factor: float) -> bool:
-    """True when `mask`·factor is exactly the causal mask for its [.., m, n] tail: 0 where
-    j <= i + (n - m) and -inf or a huge negative value elsewhere."""
-    info = g[mask]
+def _is_causal(g: Graph, mask: _Mask) -> bool:
+    """True when the mask is exactly the causal mask for its [.., m, n] tail: 0 (kept) where
+    j <= i + (n - m), -inf or a huge negative value elsewhere."""
+    info = g[mask.value]
     m, n = info.shape[-2], info.shape[-1]
     if m.is_fixed and n.is_fixed:
-        offset: int | None = n.factor - m.factor
+        offset = n.factor - m.factor
     elif m == n:
         offset = 0
     else:
         return False
+    if mask.fill is not None:  # masked fill: the condition says where
+        fill_ok = mask.fill * mask.factor <= mask.lowest
+        return fill_ok and _cond_is_causal(g, mask.value, not mask.fill_on_true, offset)
     lowest = float(np.finfo(info.dtype.np).min) / 2
-    base = _strip_tail(g, mask)
+    base = _strip_tail(g, mask.value)
     if base is None:
         return False
     bop = g[base].op
     if isinstance(bop, Constant):
-        a = _tail_matrices(bop.tensor.array).astype(np.float64) * factor
+        a = _tail_matrices(bop.tensor.array).astype(np.float64) * mask.factor
         allowed = _allowed(a.shape[1], a.shape[2], offset)
         return bool(np.all(a[:, allowed] == 0) and np.all(a[:, ~allowed] <= lowest))
     if not isinstance(bop, Select):
@@ -224,21 +270,24 @@ def _causal_offset(g: Graph, mask: Value, factor: float) -> bool:
     t, f = g.scalar_value(bop.a), g.scalar_value(bop.b)
     if t is None or f is None:
         return False
-    if t == 0 and f * factor <= lowest:
-        want_allowed = True
-    elif f == 0 and t * factor <= lowest:
-        want_allowed = False
-    else:
-        return False
-    cond = _strip_tail(g, bop.cond)
-    if cond is not None and isinstance(cop := g[cond].op, Constant):  # a folded comparison
+    if t == 0 and f * mask.factor <= lowest:
+        return _cond_is_causal(g, bop.cond, True, offset)
+    if f == 0 and t * mask.factor <= lowest:
+        return _cond_is_causal(g, bop.cond, False, offset)
+    return False
+
+
+def _cond_is_causal(g: Graph, cond: Value, allowed: bool, offset: int) -> bool:
+    """Whether the bool `cond` is the causal pattern (`allowed`) or its negation."""
+    base = _strip_tail(g, cond)
+    if base is not None and isinstance(cop := g[base].op, Constant):  # a folded comparison
         c = _tail_matrices(cop.tensor.array)
-        return bool(np.all(c == _allowed(c.shape[1], c.shape[2], offset) ^ (not want_allowed)))
-    rel = _col_minus_row(g, bop.cond)
+        return bool(np.all(c == _allowed(c.shape[1], c.shape[2], offset) ^ (not allowed)))
+    rel = _col_minus_row(g, cond)
     if rel is None:
         return False
     le, k = rel  # cond ⇔ (col - row) <= k when le, else (col - row) > k
-    return le == want_allowed and k == offset
+    return le == allowed and k == offset
 
 
 def _tail_matrices(a: np.ndarray) -> np.ndarray:
@@ -350,8 +399,8 @@ def detect_attention(rw: Rewriter, v: Value) -> Value | None:
     block = _match(g, v)
     if block is None or not math.isfinite(block.scale):
         return None
-    masks = [(mk, f) for mk, f in block.masks if g.scalar_value(mk) != 0]
-    causal = len(masks) == 1 and _causal_offset(g, *masks[0])
+    masks = [mk for mk in block.masks if mk.fill is not None or g.scalar_value(mk.value) != 0]
+    causal = len(masks) == 1 and _is_causal(g, masks[0])
     new = rw.new
     q = _rebuild(rw, block.q)
     k = _transpose_back(new, _rebuild(rw, block.kt))
@@ -360,10 +409,14 @@ def detect_attention(rw: Rewriter, v: Value) -> Value | None:
     n = new[k].shape[1]
     mask: Value | None = None
     if not causal:
-        for mk, f in masks:
-            term = new.view(rw.get(mk), Shape.of(b, m, n))
-            if f != 1.0:
-                term = new.mul(term, f)
+        for mk in masks:
+            term = new.view(rw.get(mk.value), Shape.of(b, m, n))
+            if mk.fill is not None:  # masked fill → additive: 0 where kept, the fill elsewhere
+                dt = new[q].dtype
+                zero, fill = new.scalar(0.0, dt), new.scalar(mk.fill, dt)
+                term = new.select(term, fill, zero) if mk.fill_on_true else new.select(term, zero, fill)
+            if mk.factor != 1.0:
+                term = new.mul(term, mk.factor)
             mask = term if mask is None else new.add(mask, term)
     return new.attention(q, k, vv, mask, block.scale, causal)
 
