@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from kn_graph.ops import Binary, BinaryOp, Unary, UnaryOp, Value
 from kn_graph.optimizer.core import Rewriter, rewrite
 from kn_graph.optimizer.patterns import approx, scalar
@@ -95,17 +97,24 @@ def _is_cube(rw: Rewriter, v: Value, x: Value) -> bool:
     return False
 
 
+def _tolerance(rw: Rewriter, v: Value) -> float:
+    """How far a constant may be from its exact value: exporters write a handful of digits,
+    and f16 rounds to about three."""
+    return max(1e-4, float(np.finfo(rw.info(v).dtype.np).eps))
+
+
 def _is_gelu_arg(rw: Rewriter, arg: Value, x: Value) -> bool:
     """arg = x / √2 (erf form)."""
     got = _times_const(rw, arg)
-    return got is not None and got[0] == x and approx(got[1], math.sqrt(0.5))
+    return got is not None and got[0] == x and approx(got[1], math.sqrt(0.5), _tolerance(rw, x))
 
 
 def _is_gelu_tanh_arg(rw: Rewriter, arg: Value, x: Value) -> bool:
     """arg = √(2/π) · (x + 0.044715 · x³) (tanh form)."""
     g = rw.old
+    tol = _tolerance(rw, x)
     got = _times_const(rw, arg)
-    if got is None or not approx(got[1], math.sqrt(2.0 / math.pi)):
+    if got is None or not approx(got[1], math.sqrt(2.0 / math.pi), tol):
         return False
     inner = got[0]
     if not g.is_hidden_with_uses(inner, 1):
@@ -118,7 +127,7 @@ def _is_gelu_tanh_arg(rw: Rewriter, arg: Value, x: Value) -> bool:
             cubic = _times_const(rw, term)
             return (
                 cubic is not None
-                and approx(cubic[1], 0.044715)
+                and approx(cubic[1], 0.044715, tol)
                 and g.is_hidden_with_uses(cubic[0], 1)
                 and _is_cube(rw, cubic[0], x)
             )
@@ -143,7 +152,7 @@ def detect_gelu(rw: Rewriter, v: Value) -> Value | None:
             rest.append(f)
         else:
             coef *= c
-    if len(rest) != 2 or not approx(coef, 0.5, 1e-6):
+    if len(rest) != 2 or not approx(coef, 0.5, 1e-6):  # 0.5 is exact in every float type
         return None
     for x, one_plus in (rest, rest[::-1]):
         if rw.info(x).shape != info.shape:
