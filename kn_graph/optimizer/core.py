@@ -194,13 +194,20 @@ def _round(g: Graph, settings: OptimizerSettings) -> Graph:
 def optimize(graph: Graph, settings: OptimizerSettings | None = None) -> Graph:
     """A new, optimized graph computing the same outputs from the same inputs (in order).
 
+    >>> import numpy as np
     >>> from kn_graph import Graph, DType, Shape
     >>> g = Graph()
     >>> x = g.input(Shape.of(4), DType.F32, "x")
     >>> g.add_output(g.div(g.add(x, g.mul(g.constant(np.float32(2)), 3.0)), 4.0), "y")
-    >>> print(optimize(g))
+    >>> print(optimize(g))  # (x + 2·3) / 4: folded, then one scale and one bias
     %0: f32[4] = input #0 "x"
-    ...
+    %1: f32[1] = const [0.25]
+    %2: f32[4] = broadcast(%1)
+    %3: f32[4] = mul(%0, %2)
+    %4: f32[1] = const [1.5]
+    %5: f32[4] = broadcast(%4)
+    %6: f32[4] = add(%3, %5)
+    outputs: %6 "y"
     """
     settings = settings or OptimizerSettings()
     g = graph
