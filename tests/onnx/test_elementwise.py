@@ -32,7 +32,9 @@ def model(
 ) -> onnx.ModelProto:
     dims = dims or {}
     ins = [
-        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(dims.get(n, a.shape)))
+        helper.make_tensor_value_info(
+            n, helper.np_dtype_to_tensor_dtype(a.dtype), list(dims.get(n, a.shape))
+        )
         for n, a in inputs.items()
     ]
     outs = [onnx.ValueInfoProto(name=n) for n in outputs]
@@ -41,7 +43,9 @@ def model(
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
-def node(op: str, inputs: Sequence[str], outputs: Sequence[str] = ("y",), **attrs: object) -> onnx.NodeProto:
+def node(
+    op: str, inputs: Sequence[str], outputs: Sequence[str] = ("y",), **attrs: object
+) -> onnx.NodeProto:
     return helper.make_node(op, list(inputs), list(outputs), **attrs)
 
 
@@ -55,14 +59,23 @@ def reference(m: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.nda
     return [np.asarray(a) for a in sess.run(None, dict(feed))]
 
 
-def check(m: onnx.ModelProto, feed: Mapping[str, np.ndarray], rtol: float = 1e-5, atol: float = 1e-6) -> None:
+def check(
+    m: onnx.ModelProto, feed: Mapping[str, np.ndarray], rtol: float = 1e-5, atol: float = 1e-6
+) -> None:
     """Ours equals onnxruntime in dtype, shape and value."""
     for got, want in zip(ours(m, feed), reference(m, feed), strict=True):
-        assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+        assert got.dtype == want.dtype and got.shape == want.shape, (
+            got.dtype,
+            got.shape,
+            want.dtype,
+            want.shape,
+        )
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
 
 
-def one(op: str, feed: Mapping[str, np.ndarray], opset: int = 18, **attrs: object) -> onnx.ModelProto:
+def one(
+    op: str, feed: Mapping[str, np.ndarray], opset: int = 18, **attrs: object
+) -> onnx.ModelProto:
     return model([node(op, list(feed), **attrs)], feed, opset=opset)
 
 
@@ -75,7 +88,9 @@ def floats(*shape: int, dtype: type = np.float32) -> np.ndarray:
 
 
 # -- binary ops ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"])
+@pytest.mark.parametrize(
+    "op", ["Add", "Sub", "Mul", "Div", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"]
+)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
 def test_binary_broadcasts_like_onnxruntime(op: str, dtype: type) -> None:
     a = (floats(2, 3, 4) * 10).astype(dtype)
@@ -97,7 +112,15 @@ def test_integer_div_and_mod_follow_c_and_python_signs() -> None:
     np.testing.assert_array_equal(f, np.fmod(a, b))
 
 
-@pytest.mark.parametrize("dtypes", [(np.float32, np.int64), (np.int32, np.float32), (np.int64, np.int64), (np.float32, np.float32)])
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (np.float32, np.int64),
+        (np.int32, np.float32),
+        (np.int64, np.int64),
+        (np.float32, np.float32),
+    ],
+)
 def test_pow_casts_the_exponent(dtypes: tuple[type, type]) -> None:
     feed = {"a": np.array([1, 2, 3, 4], dtypes[0]), "b": np.array([2, 3, 1, 0], dtypes[1])}
     check(one("Pow", feed, opset=15), feed)
@@ -155,7 +178,9 @@ def test_clip_attribute_form_and_int8() -> None:
     x = floats(4, 4)
     check(one("Clip", {"x": x}, opset=6, min=-0.3, max=0.4), {"x": x})
     xi = ints(3, 4, dtype=np.int8)
-    m = model([node("Clip", ["x", "", "hi"])], {"x": xi}, inits={"hi": np.array(5, np.int8)}, opset=13)
+    m = model(
+        [node("Clip", ["x", "", "hi"])], {"x": xi}, inits={"hi": np.array(5, np.int8)}, opset=13
+    )
     check(m, {"x": xi})
 
 
@@ -167,9 +192,30 @@ def test_variadic_ops_broadcast_three_inputs(op: str) -> None:
 
 
 # -- unary math and activations ------------------------------------------------------------------------
-_UNARY = ["Abs", "Neg", "Exp", "Sin", "Cos", "Tan", "Atan", "Sinh", "Cosh", "Asinh", "Erf", "Sigmoid",
-          "Tanh", "Softplus", "Softsign", "Floor", "Ceil", "Round", "Sign", "Relu", "Mish",
-          "HardSwish"]
+_UNARY = [
+    "Abs",
+    "Neg",
+    "Exp",
+    "Sin",
+    "Cos",
+    "Tan",
+    "Atan",
+    "Sinh",
+    "Cosh",
+    "Asinh",
+    "Erf",
+    "Sigmoid",
+    "Tanh",
+    "Softplus",
+    "Softsign",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Sign",
+    "Relu",
+    "Mish",
+    "HardSwish",
+]
 
 
 @pytest.mark.parametrize("op", _UNARY)
@@ -231,8 +277,14 @@ def test_isnan_and_isinf_with_directions() -> None:
 # -- casts ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("src", "dst"),
-    [(np.float32, TensorProto.INT32), (np.float32, TensorProto.FLOAT16), (np.int64, TensorProto.FLOAT),
-     (np.float32, TensorProto.BOOL), (np.bool_, TensorProto.FLOAT), (np.int32, TensorProto.UINT8)],
+    [
+        (np.float32, TensorProto.INT32),
+        (np.float32, TensorProto.FLOAT16),
+        (np.int64, TensorProto.FLOAT),
+        (np.float32, TensorProto.BOOL),
+        (np.bool_, TensorProto.FLOAT),
+        (np.int32, TensorProto.UINT8),
+    ],
 )
 def test_cast_matches_onnxruntime(src: type, dst: int) -> None:
     x = (floats(3, 4) * 50).astype(src) if src is not np.bool_ else RNG.random((3, 4)) > 0.5
@@ -257,7 +309,9 @@ def test_bitcast_reinterprets_bytes() -> None:
 
 
 # -- load-time shape arithmetic --------------------------------------------------------------------------
-def _shape_model(nodes: Sequence[onnx.NodeProto], inits: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+def _shape_model(
+    nodes: Sequence[onnx.NodeProto], inits: Mapping[str, np.ndarray]
+) -> onnx.ModelProto:
     x = np.zeros((2, 3, 4), np.float32)
     return model(nodes, {"x": x}, inits=dict(inits), dims={"x": ["batch", "seq", 4]})
 
@@ -316,7 +370,11 @@ def test_undecidable_comparison_is_computed_at_run_time() -> None:
 def test_max_with_zero_and_cast_of_sizes_fold_at_load_time() -> None:
     """Max(shape, 0) is the shape (a size is never negative); Cast keeps the sizes."""
     m = _shape_model(
-        [node("Shape", ["x"], ["s"]), node("Max", ["s", "zero"], ["m"]), node("Cast", ["m"], ["y"], to=TensorProto.INT32)],
+        [
+            node("Shape", ["x"], ["s"]),
+            node("Max", ["s", "zero"], ["m"]),
+            node("Cast", ["m"], ["y"], to=TensorProto.INT32),
+        ],
         {"zero": np.array(0, np.int64)},
     )
     g = load_onnx(m)
@@ -340,19 +398,55 @@ def test_quantize_dequantize_per_tensor(zp_dtype: type) -> None:
 def test_quantize_per_axis_and_blocked() -> None:
     x = floats(2, 3, 4) * 4
     per_axis = {"s": np.array([0.1, 0.2, 0.05], np.float32), "z": np.array([0, 10, 250], np.uint8)}
-    check(model([node("QuantizeLinear", ["x", "s", "z"], axis=1)], {"x": x}, inits=per_axis, opset=21), {"x": x})
+    check(
+        model(
+            [node("QuantizeLinear", ["x", "s", "z"], axis=1)], {"x": x}, inits=per_axis, opset=21
+        ),
+        {"x": x},
+    )
     blocked = {"s": np.abs(floats(2, 3, 2)) + 0.05, "z": ints(2, 3, 2, dtype=np.int8)}
-    check(model([node("QuantizeLinear", ["x", "s", "z"], axis=2, block_size=2)], {"x": x}, inits=blocked, opset=21), {"x": x})
+    check(
+        model(
+            [node("QuantizeLinear", ["x", "s", "z"], axis=2, block_size=2)],
+            {"x": x},
+            inits=blocked,
+            opset=21,
+        ),
+        {"x": x},
+    )
     xi = ints(2, 3, 4, dtype=np.int8)
-    check(model([node("DequantizeLinear", ["x", "s", "z"], axis=2, block_size=2)], {"x": xi}, inits=blocked, opset=21), {"x": xi})
+    check(
+        model(
+            [node("DequantizeLinear", ["x", "s", "z"], axis=2, block_size=2)],
+            {"x": xi},
+            inits=blocked,
+            opset=21,
+        ),
+        {"x": xi},
+    )
 
 
 def test_dynamic_quantize_linear() -> None:
     x = floats(3, 5) * 2 + 0.5
-    check(model([node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], {"x": x}, ["y", "s", "z"], opset=11), {"x": x})
+    check(
+        model(
+            [node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])],
+            {"x": x},
+            ["y", "s", "z"],
+            opset=11,
+        ),
+        {"x": x},
+    )
 
 
 def test_quantize_to_int4_is_refused_cleanly() -> None:
     x = floats(4)
     with pytest.raises(UnsupportedOnnxError):
-        load_onnx(one("QuantizeLinear", {"x": x, "s": np.array(0.1, np.float32)}, opset=21, output_dtype=TensorProto.INT4))
+        load_onnx(
+            one(
+                "QuantizeLinear",
+                {"x": x, "s": np.array(0.1, np.float32)},
+                opset=21,
+                output_dtype=TensorProto.INT4,
+            )
+        )

@@ -31,7 +31,9 @@ def model(
 ) -> onnx.ModelProto:
     dims = dims or {}
     ins = [
-        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(dims.get(n, a.shape)))
+        helper.make_tensor_value_info(
+            n, helper.np_dtype_to_tensor_dtype(a.dtype), list(dims.get(n, a.shape))
+        )
         for n, a in inputs.items()
     ]
     outs = [onnx.ValueInfoProto(name=n) for n in outputs]
@@ -45,11 +47,18 @@ def ours(m: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]
     return evaluate(g, {n: feed[n] for n in g.input_names})
 
 
-def check(m: onnx.ModelProto, feed: Mapping[str, np.ndarray], rtol: float = 1e-5, atol: float = 1e-6) -> None:
+def check(
+    m: onnx.ModelProto, feed: Mapping[str, np.ndarray], rtol: float = 1e-5, atol: float = 1e-6
+) -> None:
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     want = sess.run(None, dict(feed))
     for got, ref in zip(ours(m, feed), want, strict=True):
-        assert got.dtype == ref.dtype and got.shape == ref.shape, (got.dtype, got.shape, ref.dtype, ref.shape)
+        assert got.dtype == ref.dtype and got.shape == ref.shape, (
+            got.dtype,
+            got.shape,
+            ref.dtype,
+            ref.shape,
+        )
         np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol)
 
 
@@ -57,8 +66,17 @@ def floats(*shape: int) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-_REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
-           "ReduceL2", "ReduceSumSquare", "ReduceLogSumExp"]
+_REDUCE = [
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSumExp",
+]
 
 
 # -- reductions ------------------------------------------------------------------------------------
@@ -76,8 +94,12 @@ def test_reduce_axes_as_input_opset18(op: str, axes: list[int] | None, keepdims:
 def test_reduce_axes_as_attribute_opset13(op: str) -> None:
     x = floats(3, 4, 2)
     if op == "ReduceSum":  # ReduceSum took its axes as an input from opset 13
-        m = model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)], {"x": x},
-                  inits={"axes": np.array([0, 2], np.int64)}, opset=13)
+        m = model(
+            [helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)],
+            {"x": x},
+            inits={"axes": np.array([0, 2], np.int64)},
+            opset=13,
+        )
     else:
         m = model([helper.make_node(op, ["x"], ["y"], axes=[0, 2], keepdims=0)], {"x": x}, opset=13)
     check(m, {"x": x})
@@ -85,7 +107,11 @@ def test_reduce_axes_as_attribute_opset13(op: str) -> None:
 
 def test_reduce_log_sum_positive_input() -> None:
     x = np.abs(floats(3, 4)) + 0.1
-    m = model([helper.make_node("ReduceLogSum", ["x", "axes"], ["y"])], {"x": x}, inits={"axes": np.array([1])})
+    m = model(
+        [helper.make_node("ReduceLogSum", ["x", "axes"], ["y"])],
+        {"x": x},
+        inits={"axes": np.array([1])},
+    )
     check(m, {"x": x})
 
 
@@ -99,31 +125,58 @@ def test_noop_with_empty_axes_keeps_the_elementwise_parts() -> None:
 
 @pytest.mark.parametrize(
     ("op", "value"),
-    [("ReduceSum", 0.0), ("ReduceProd", 1.0), ("ReduceMax", -np.inf), ("ReduceMin", np.inf),
-     ("ReduceL2", 0.0), ("ReduceLogSum", -np.inf), ("ReduceLogSumExp", -np.inf)],
+    [
+        ("ReduceSum", 0.0),
+        ("ReduceProd", 1.0),
+        ("ReduceMax", -np.inf),
+        ("ReduceMin", np.inf),
+        ("ReduceL2", 0.0),
+        ("ReduceLogSum", -np.inf),
+        ("ReduceLogSumExp", -np.inf),
+    ],
 )
 def test_empty_set_reductions_give_the_identity(op: str, value: float) -> None:
     x = np.zeros((2, 0, 4), np.float32)
-    m = model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)], {"x": x},
-              inits={"axes": np.array([1], np.int64)})
+    m = model(
+        [helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)],
+        {"x": x},
+        inits={"axes": np.array([1], np.int64)},
+    )
     (y,) = ours(m, {"x": x})
     np.testing.assert_array_equal(y, np.full((2, 1, 4), value, np.float32))
 
 
 def test_log_sum_exp_does_not_overflow() -> None:
     x = np.array([[1000.0, 1000.0], [-1000.0, -np.inf]], np.float32)
-    m = model([helper.make_node("ReduceLogSumExp", ["x", "axes"], ["y"], keepdims=0)], {"x": x},
-              inits={"axes": np.array([1], np.int64)})
+    m = model(
+        [helper.make_node("ReduceLogSumExp", ["x", "axes"], ["y"], keepdims=0)],
+        {"x": x},
+        inits={"axes": np.array([1], np.int64)},
+    )
     np.testing.assert_allclose(ours(m, {"x": x})[0], [1000 + np.log(2), -1000], rtol=1e-6)
 
 
 def test_reduce_of_integers_and_bools() -> None:
     xi = RNG.integers(-5, 5, (3, 4)).astype(np.int64)
-    check(model([helper.make_node("ReduceSum", ["x", "axes"], ["y"])], {"x": xi}, inits={"axes": np.array([1])}), {"x": xi})
+    check(
+        model(
+            [helper.make_node("ReduceSum", ["x", "axes"], ["y"])],
+            {"x": xi},
+            inits={"axes": np.array([1])},
+        ),
+        {"x": xi},
+    )
     xb = RNG.random((3, 4)) > 0.5
     for op in ("ReduceMax", "ReduceMin"):
-        m = model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)], {"x": xb}, inits={"axes": np.array([1])}, opset=20)
-        np.testing.assert_array_equal(ours(m, {"x": xb})[0], getattr(np, op[6:].lower())(xb, axis=1))
+        m = model(
+            [helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)],
+            {"x": xb},
+            inits={"axes": np.array([1])},
+            opset=20,
+        )
+        np.testing.assert_array_equal(
+            ours(m, {"x": xb})[0], getattr(np, op[6:].lower())(xb, axis=1)
+        )
 
 
 def test_reduce_prod_of_a_shape_is_a_load_time_size() -> None:
@@ -135,7 +188,9 @@ def test_reduce_prod_of_a_shape_is_a_load_time_size() -> None:
         helper.make_node("Concat", ["b", "n"], ["target"], axis=0),
         helper.make_node("Reshape", ["x", "target"], ["y"]),
     ]
-    m = model(nodes, {"x": x}, inits={"b": np.array([-1], np.int64)}, dims={"x": ["batch", "seq", 4]})
+    m = model(
+        nodes, {"x": x}, inits={"b": np.array([-1], np.int64)}, dims={"x": ["batch", "seq", 4]}
+    )
     g = load_onnx(m)
     out = g.outputs[0]
     assert isinstance(g[out].op, View)
@@ -148,7 +203,11 @@ def test_reduce_prod_of_a_shape_is_a_load_time_size() -> None:
 @pytest.mark.parametrize(("axis", "keepdims"), [(0, 1), (-1, 0), (1, 1)])
 def test_arg_reductions_with_ties(op: str, last: int, axis: int, keepdims: int) -> None:
     x = RNG.integers(0, 3, (3, 4, 5)).astype(np.float32)  # many ties
-    m = model([helper.make_node(op, ["x"], ["y"], axis=axis, keepdims=keepdims, select_last_index=last)], {"x": x}, opset=13)
+    m = model(
+        [helper.make_node(op, ["x"], ["y"], axis=axis, keepdims=keepdims, select_last_index=last)],
+        {"x": x},
+        opset=13,
+    )
     check(m, {"x": x})
 
 
@@ -158,8 +217,12 @@ def test_arg_reductions_with_ties(op: str, last: int, axis: int, keepdims: int) 
 @pytest.mark.parametrize("n", [1, 5, 8])
 def test_cumsum_fixed_axis(exclusive: int, reverse: int, n: int) -> None:
     x = floats(3, n)
-    m = model([helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)], {"x": x},
-              inits={"axis": np.array(1, np.int32)}, opset=14)
+    m = model(
+        [helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)],
+        {"x": x},
+        inits={"axis": np.array(1, np.int32)},
+        opset=14,
+    )
     check(m, {"x": x})
 
 
@@ -167,8 +230,13 @@ def test_cumsum_fixed_axis(exclusive: int, reverse: int, n: int) -> None:
 def test_cumsum_symbolic_axis(exclusive: int, reverse: int) -> None:
     """A dynamic sequence length (position ids from an attention mask) needs no fixed size."""
     x = RNG.integers(0, 3, (2, 7)).astype(np.int64)
-    m = model([helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)], {"x": x},
-              inits={"axis": np.array(-1, np.int64)}, dims={"x": [2, "seq"]}, opset=14)
+    m = model(
+        [helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)],
+        {"x": x},
+        inits={"axis": np.array(-1, np.int64)},
+        dims={"x": [2, "seq"]},
+        opset=14,
+    )
     check(m, {"x": x})
 
 
@@ -177,8 +245,13 @@ def test_cumsum_symbolic_axis(exclusive: int, reverse: int) -> None:
 def test_cumprod(exclusive: int, reverse: int, symbolic: bool) -> None:
     x = RNG.integers(1, 4, (6, 2)).astype(np.int32)
     dims = {"x": ["n", 2]} if symbolic else None
-    m = model([helper.make_node("CumProd", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)], {"x": x},
-              inits={"axis": np.array(0, np.int32)}, dims=dims, opset=26)
+    m = model(
+        [helper.make_node("CumProd", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse)],
+        {"x": x},
+        inits={"axis": np.array(0, np.int32)},
+        dims=dims,
+        opset=26,
+    )
     src = x[::-1] if reverse else x
     want = np.cumprod(src, axis=0, dtype=np.int32)
     if exclusive:
@@ -201,7 +274,12 @@ def test_nll_loss(reduction: str, weighted: bool, ignore: int | None) -> None:
         attrs["ignore_index"] = ignore
     inits = {"w": np.abs(floats(4)) + 0.1} if weighted else {}
     names = ["x", "t", "w"] if weighted else ["x", "t"]
-    m = model([helper.make_node("NegativeLogLikelihoodLoss", names, ["y"], **attrs)], feed, inits=inits, opset=13)
+    m = model(
+        [helper.make_node("NegativeLogLikelihoodLoss", names, ["y"], **attrs)],
+        feed,
+        inits=inits,
+        opset=13,
+    )
     check(m, feed)
 
 
@@ -214,5 +292,7 @@ def test_softmax_cross_entropy_with_log_prob(reduction: str, weighted: bool) -> 
     feed = {"x": scores, "t": labels}
     inits = {"w": np.abs(floats(5)) + 0.1} if weighted else {}
     names = ["x", "t", "w"] if weighted else ["x", "t"]
-    node = helper.make_node("SoftmaxCrossEntropyLoss", names, ["y", "logp"], reduction=reduction, ignore_index=2)
+    node = helper.make_node(
+        "SoftmaxCrossEntropyLoss", names, ["y", "logp"], reduction=reduction, ignore_index=2
+    )
     check(model([node], feed, ["y", "logp"], inits=inits, opset=13), feed)

@@ -225,10 +225,13 @@ def _operands(ctx: NodeContext) -> tuple[Value, Value]:
 def _binary(ctx: NodeContext, op: BinaryOp) -> Result:
     if ctx.opset < 7:
         ctx.ignore_attrs("consumed_inputs", "broadcast", "axis")
+        if ctx.has_attr("axis"):  # legacy alignment: only the graph path implements it
+            return ctx.graph.binary(op, *_operands(ctx))
     return _known_or_graph(
         ctx,
         lambda ks: known_binary(op, ks[0], ks[1]),
         lambda: ctx.graph.binary(op, *_operands(ctx)),
+        indices=[0, 1],
     )
 
 
@@ -299,12 +302,16 @@ def where(ctx: NodeContext) -> Result:
         if ka is not None and kb is not None:
             try:
                 return _known_where(cond, ka, kb)
-            except Undecidable:
+            except (Undecidable, ValueError):
                 pass
         flat = cond.data.reshape(-1).astype(bool)
         if flat.size and (flat.all() or not flat.any()):
+            pick = 1 if flat[0] else 2
             shape = broadcast_shapes(*(ctx.input_shape(i) for i in range(3)))
-            return ctx.graph.broadcast(ctx.input(1 if flat[0] else 2), shape)
+            chosen = ka if pick == 1 else kb
+            if chosen is not None and Shape.of(*chosen.shape) == shape:
+                return chosen  # stays a load-time value (a shape tensor stays usable)
+            return ctx.graph.broadcast(ctx.input(pick), shape)
     return ctx.graph.select(ctx.input(0), ctx.input(1), ctx.input(2))
 
 
@@ -435,7 +442,10 @@ def unary(ctx: NodeContext) -> Result:
     op = _UNARY_OPS[ctx.op_type]
     ctx.ignore_attrs("consumed_inputs")  # opset 1 bookkeeping, no effect on the result
     return _known_or_graph(
-        ctx, lambda ks: _known_unary(op, ks[0]), lambda: ctx.graph.unary(op, ctx.input(0))
+        ctx,
+        lambda ks: _known_unary(op, ks[0]),
+        lambda: ctx.graph.unary(op, ctx.input(0)),
+        indices=[0],
     )
 
 
@@ -451,7 +461,9 @@ def is_nan(ctx: NodeContext) -> Result:
 @onnx_op("IsInf")
 def is_inf(ctx: NodeContext) -> Result:
     g, x = ctx.graph, ctx.input(0)
-    signs = [s for s, attr in ((1, "detect_positive"), (-1, "detect_negative")) if ctx.attr_int(attr, 1)]
+    signs = [
+        s for s, attr in ((1, "detect_positive"), (-1, "detect_negative")) if ctx.attr_int(attr, 1)
+    ]
     if not signs or not g.dtype(x).is_float:
         return g.full(False, g.shape(x), DType.BOOL)
     hits = [g.binary(BinaryOp.EQ, x, s * math.inf) for s in signs]

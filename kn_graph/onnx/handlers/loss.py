@@ -33,7 +33,9 @@ def _check(ctx: NodeContext, scores: Value, target: Value) -> None:
     g = ctx.graph
     s, t = g.shape(scores), g.shape(target)
     if not g.dtype(scores).is_float or not g.dtype(target).is_int:
-        ctx.unsupported(f"expected float scores and integer targets, found {g.dtype(scores)} and {g.dtype(target)}")
+        ctx.unsupported(
+            f"expected float scores and integer targets, found {g.dtype(scores)} and {g.dtype(target)}"
+        )
     if s.rank < 2 or t != Shape(s.dims[:1] + s.dims[2:]):
         ctx.unsupported(f"scores {s} [N, C, d...] and target {t} [N, d...] do not match")
 
@@ -67,8 +69,12 @@ def _nll(g: Graph, logp: Value, target: Value, weight: Value | None, spec: _Loss
 def _weight(ctx: NodeContext, scores: Value) -> Value | None:
     g = ctx.graph
     w = ctx.optional_input(2)
-    if w is not None and (g.shape(w) != Shape.of(g.shape(scores)[1]) or g.dtype(w) != g.dtype(scores)):
-        ctx.unsupported(f"weight {g.dtype(w)}{g.shape(w)} for scores {g.dtype(scores)}{g.shape(scores)}")
+    if w is not None and (
+        g.shape(w) != Shape.of(g.shape(scores)[1]) or g.dtype(w) != g.dtype(scores)
+    ):
+        ctx.unsupported(
+            f"weight {g.dtype(w)}{g.shape(w)} for scores {g.dtype(scores)}{g.shape(scores)}"
+        )
     return w
 
 

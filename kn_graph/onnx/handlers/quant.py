@@ -36,16 +36,22 @@ def _param(ctx: NodeContext, i: int, x_shape: Shape, axis: int, block: int) -> V
         return p
     if shape.size() == Size(1):
         return g.view(p, Shape.of())
+    if x_shape.rank == 0:
+        ctx.unsupported(f"input {i} of shape {shape} for a scalar input")
     axis = ctx.axis(axis, x_shape.rank)
     if block <= 0:
         if shape.rank != 1 or shape[0] != x_shape[axis]:
-            ctx.unsupported(f"input {i} of shape {shape} for per-axis quantization of {x_shape} at axis {axis}")
+            ctx.unsupported(
+                f"input {i} of shape {shape} for per-axis quantization of {x_shape} at axis {axis}"
+            )
         return g.view(p, Shape.of(*[shape[0] if a == axis else 1 for a in range(x_shape.rank)]))
     if shape.rank != x_shape.rank:
         ctx.unsupported(f"input {i} of shape {shape} for blocked quantization of {x_shape}")
     per_element = g.slice(g.repeat_interleave(p, axis, block), axis, 0, x_shape[axis])
     if g.shape(per_element) != x_shape:
-        ctx.unsupported(f"input {i} of shape {shape} does not block {x_shape} by {block} on axis {axis}")
+        ctx.unsupported(
+            f"input {i} of shape {shape} does not block {x_shape} by {block} on axis {axis}"
+        )
     return per_element
 
 

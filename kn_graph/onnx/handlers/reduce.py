@@ -71,8 +71,12 @@ def _reduce_axes(ctx: NodeContext, rank: int, axes_input_since: int) -> tuple[in
 
 def _known_reduce(op: ReduceOp, k: Known, axes: tuple[int, ...], keepdims: bool) -> Known | None:
     """Sum/Prod/Max/Min of a shape tensor at load time, when every partial result is a size."""
-    pair = {ReduceOp.SUM: BinaryOp.ADD, ReduceOp.PROD: BinaryOp.MUL, ReduceOp.MAX: BinaryOp.MAX,
-            ReduceOp.MIN: BinaryOp.MIN}.get(op)
+    pair = {
+        ReduceOp.SUM: BinaryOp.ADD,
+        ReduceOp.PROD: BinaryOp.MUL,
+        ReduceOp.MAX: BinaryOp.MAX,
+        ReduceOp.MIN: BinaryOp.MIN,
+    }.get(op)
     if pair is None or k.dtype.is_bool or any(k.shape[a] == 0 for a in axes):
         return None
     data = k.data
@@ -153,7 +157,9 @@ def _shift(g: Graph, x: Value, axis: int, k: int, fill: float | int) -> Value:
     return g.pad(x, pads, value=fill)
 
 
-def _scan_fixed(g: Graph, x: Value, axis: int, op: BinaryOp, exclusive: bool, reverse: bool) -> Value:
+def _scan_fixed(
+    g: Graph, x: Value, axis: int, op: BinaryOp, exclusive: bool, reverse: bool
+) -> Value:
     """Hillis-Steele: after the step with shift k every element holds the combination of the
     2k elements ending at it."""
     fill = 0 if op is BinaryOp.ADD else 1
@@ -178,8 +184,12 @@ def _scan_symbolic(
     full = shape.insert(axis, shape[axis])
     xj = g.broadcast(g.unsqueeze(x, [axis]), full)
     i, j = g.iota(full, axis), g.iota(full, axis + 1)
-    cmp = {(False, False): BinaryOp.LE, (True, False): BinaryOp.LT,
-           (False, True): BinaryOp.GE, (True, True): BinaryOp.GT}[(exclusive, reverse)]
+    cmp = {
+        (False, False): BinaryOp.LE,
+        (True, False): BinaryOp.LT,
+        (False, True): BinaryOp.GE,
+        (True, True): BinaryOp.GT,
+    }[(exclusive, reverse)]
     fill = 0 if op is BinaryOp.ADD else 1
     masked = g.select(g.binary(cmp, j, i), xj, fill)
     return g.reduce(masked, [axis + 1], ReduceOp.SUM if op is BinaryOp.ADD else ReduceOp.PROD)
@@ -200,4 +210,3 @@ def cumulative(ctx: NodeContext) -> Result:
     if g.shape(x)[axis].is_fixed:
         return _scan_fixed(g, x, axis, op, exclusive, reverse)
     return _scan_symbolic(g, x, axis, op, exclusive, reverse)
-
