@@ -336,3 +336,16 @@ def test_known_results_stay_known() -> None:
     g = load_onnx(m)
     np.testing.assert_array_equal(g.const_value(g.outputs[0]), np.arange(6).reshape(2, 3).T.reshape(-1))
     assert len(g) == 1
+
+
+def test_split_with_symbolic_sizes_from_shapes() -> None:
+    """Split(x, [seq, 0]) along a dynamic axis (rotary-embedding exports)."""
+    x7 = RNG.standard_normal((2, 7)).astype(np.float32)
+    nodes = [
+        node("Shape", ["x"], ["s"], start=1, end=2),
+        node("Concat", ["s", "zero"], ["sizes"], axis=0),
+        node("Split", ["x", "sizes"], ["a", "b"], axis=1),
+    ]
+    x = RNG.standard_normal((2, 5)).astype(np.float32)
+    g = check(nodes, {"x": x}, ["a", "b"], inits={"zero": i64(0)}, dims={"x": [2, "seq"]}, more=[{"x": x7}])
+    assert g[g.outputs[1]].shape == Shape.of(2, 0)

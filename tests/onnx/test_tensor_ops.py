@@ -307,3 +307,11 @@ def test_if_with_runtime_condition_needs_it_at_load_time() -> None:
     with pytest.raises(StaticInputRequiredError):
         load_onnx(m)
 
+
+
+def test_slice_reversal_of_symbolic_axis() -> None:
+    """torch.flip exports x[:, ::-1] as Slice(-1, -INT64_MAX, step -1)."""
+    x7 = RNG.standard_normal((3, 7, 5)).astype(np.float32)
+    inits = {"s": i64(-1), "e": i64(-BIG), "a": i64(1), "t": i64(-1)}
+    check([node("Slice", ["x", "s", "e", "a", "t"], ["y"])], {"x": X}, ["y"], inits=inits,
+          dims={"x": [3, "seq", 5]}, more=[{"x": x7}])

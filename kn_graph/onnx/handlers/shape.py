@@ -21,7 +21,7 @@ from kn_graph.onnx.loader import KNOWN_LIMIT
 from kn_graph.ops import Value
 from kn_graph.shape import Shape, Size
 
-__all__ = ["known", "known_apply", "scalar_operand", "static_ints"]
+__all__ = ["axis_of", "known", "known_apply", "scalar_operand", "static_ints"]
 
 
 # -- helpers shared with the tensor family ---------------------------------------------------------
@@ -49,6 +49,13 @@ def scalar_operand(ctx: NodeContext, s: Size, dtype: DType) -> int | Value:
     """A size as an operand of graph arithmetic: a plain int when fixed, else a runtime scalar."""
     f = s.fixed_value()
     return f if f is not None else ctx.size_value(s, dtype)
+
+
+def axis_of(ctx: NodeContext, axis: int, rank: int) -> int:
+    """An axis of a rank-`rank` operand, normalised; a rank-0 operand has none."""
+    if rank == 0:
+        ctx.unsupported(f"axis {axis} of a rank-0 operand")
+    return ctx.axis(axis, rank)
 
 
 def _small(shape: Shape) -> bool:
@@ -192,7 +199,7 @@ def squeeze(ctx: NodeContext) -> Result:
             ctx.unsupported(f"squeeze without axes on symbolic shape {shape} (a size may be 1)")
         drop = {i for i, d in enumerate(shape) if d == Size(1)}
     else:
-        drop = {ctx.axis(a, shape.rank) for a in axes}
+        drop = {axis_of(ctx, a, shape.rank) for a in axes}
         for a in drop:
             if shape[a] != Size(1):
                 ctx.unsupported(f"axis {a} of shape {shape} is not of size 1")
@@ -231,25 +238,36 @@ def transpose(ctx: NodeContext) -> Result:
 @onnx_op("Concat")
 def concat(ctx: NodeContext) -> Result:
     rank = ctx.input_rank(0)
-    axis = ctx.axis(ctx.attr_int("axis", 0 if ctx.opset < 4 else None), rank)
-    if (ks := all_known(ctx)) is not None and all(len(k.shape) == rank for k in ks):
+    axis = axis_of(ctx, ctx.attr_int("axis", 0 if ctx.opset < 4 else None), rank)
+    ks = all_known(ctx)
+    if ks is not None and all(_off_axis(k.shape, axis) == _off_axis(ks[0].shape, axis) for k in ks):
         return known(np.concatenate([k.data.astype(object) for k in ks], axis=axis), ks[0].dtype)
     return ctx.graph.concat(ctx.inputs(), axis)
 
 
+def _off_axis(shape: tuple[int, ...], axis: int) -> tuple[int, ...] | None:
+    """The dims besides `axis` (None for another rank), which Concat operands must share."""
+    return shape[:axis] + shape[axis + 1 :] if len(shape) > axis else None
+
+
 def _split_sizes(ctx: NodeContext, dim: Size, n_out: int) -> list[Size]:
     """The chunk sizes: given (attribute or input), `num_outputs` (last chunk smaller), or equal."""
-    given: list[int] | None = None
+    given: list[Size] | None = None
     if ctx.opset < 13:
-        given = ctx.attr_ints("split")
+        ints = ctx.attr_ints("split")
+        given = None if ints is None else [Size(s) for s in ints]
     elif ctx.has_input(1):
-        given = static_ints(ctx, 1, "split")
+        given = ctx.input_sizes(1, "split")  # may be symbolic: [seq, 0] in rotary exports
     if given is not None:
-        if len(given) != n_out or any(s < 0 for s in given):
-            ctx.unsupported(f"split {given} does not give {n_out} non-negative sizes")
-        if Size(sum(given)) != dim:
-            ctx.unsupported(f"split {given} does not add up to the axis size {dim}")
-        return [Size(s) for s in given]
+        shown = [str(s) for s in given]
+        if len(given) != n_out or any(s.factor < 0 for s in given):
+            ctx.unsupported(f"split {shown} does not give {n_out} non-negative sizes")
+        total = Size(0)
+        for s in given:
+            total = total + s
+        if total != dim:
+            ctx.unsupported(f"split {shown} does not add up to the axis size {dim}")
+        return given
     if ctx.opset >= 18:
         n = ctx.attr_int("num_outputs", n_out)
         if n != n_out or n < 1:
@@ -266,7 +284,7 @@ def _split_sizes(ctx: NodeContext, dim: Size, n_out: int) -> list[Size]:
 @onnx_op("Split")
 def split(ctx: NodeContext) -> list[Result]:
     shape = ctx.input_shape(0)
-    axis = ctx.axis(ctx.attr_int("axis", 0), shape.rank)
+    axis = axis_of(ctx, ctx.attr_int("axis", 0), shape.rank)
     n_out = len(ctx.node.output)
     sizes = _split_sizes(ctx, shape[axis], n_out)
     r = ctx.raw_input(0)
@@ -329,6 +347,10 @@ def constant_of_shape(ctx: NodeContext) -> Result:
     return ctx.graph.full(value.reshape(-1)[0].item(), out, dtype)
 
 
+_STASH: dict[int, type] = {1: np.float32, 11: np.float64}
+"""Range's stash_type (ONNX element types FLOAT, DOUBLE) → the NumPy type to compute in."""
+
+
 # -- Range -----------------------------------------------------------------------------------------
 def _range_scalar(ctx: NodeContext, i: int, what: str) -> Size | np.generic:
     """A Range bound: a (possibly symbolic) Size for integer Knowns, else a NumPy scalar."""
@@ -352,6 +374,11 @@ def range_(ctx: NodeContext) -> Result:
         lo, hi, d = (float(v.factor) if isinstance(v, Size) else v.item() for v in (start, limit, delta))
         if d == 0:
             ctx.unsupported("delta is zero")
+        half = dtype is DType.F16 and ctx.has_attr("stash_type")
+        stash = _STASH.get(ctx.attr_int("stash_type")) if half else None
+        if stash is not None:  # half precision computed in a wider type, as the reference does
+            return ctx.graph.constant(np.arange(stash(lo).item(), hi, d, dtype=stash).astype(dtype.np))
+        ctx.ignore_attrs("stash_type")
         return ctx.graph.constant(np.arange(lo, hi, d).astype(dtype.np))
     assert isinstance(start, Size) and isinstance(limit, Size) and isinstance(delta, Size)
     step = delta.as_int("delta")

@@ -15,7 +15,7 @@ import numpy as np
 
 from kn_graph.dtype import DType
 from kn_graph.onnx.context import Known, NodeContext, Result, onnx_dtype, onnx_op
-from kn_graph.onnx.handlers.shape import known_apply, scalar_operand, static_ints
+from kn_graph.onnx.handlers.shape import axis_of, known_apply, scalar_operand, static_ints
 from kn_graph.ops import BinaryOp, Value
 from kn_graph.shape import Shape, Size
 
@@ -45,7 +45,7 @@ def _slice_axis(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, s
         first, length = _fixed_bounds(dim.factor, start.factor, end.factor, step)
         return g.slice_raw(x, axis, first, step, length)
     if step < 0:
-        ctx.unsupported(f"negative step on symbolic axis {axis} ({dim}) or with symbolic bounds")
+        return _reverse_symbolic(ctx, x, axis, start, end, step)
     to_end = end.is_fixed and end.factor >= INT_BIG
     if start.is_fixed and start.factor < 0 and (to_end or (end.is_fixed and end.factor < 0)):
         # both bounds count from the end of a symbolic axis: a fixed count at runtime offsets
@@ -60,6 +60,17 @@ def _slice_axis(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, s
     # a symbolic count must divide exactly by the step (else refused)
     length = Size(max(0, -(-count.factor // step))) if count.is_fixed else count // step
     return g.slice_raw(x, axis, start, step, length)
+
+
+def _reverse_symbolic(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, step: int) -> Value:
+    """x[::-1] on a symbolic axis (torch.flip exports): a runtime gather of indices dim-1-iota."""
+    g = ctx.graph
+    dim = g.shape(x)[axis]
+    whole = start.is_fixed and (start.factor == -1 or start.factor >= INT_BIG)
+    if step != -1 or not whole or not (end.is_fixed and end.factor <= -INT_BIG):
+        ctx.unsupported(f"negative step {step} with bounds {start}:{end} on symbolic axis {axis} ({dim})")
+    last = g.sub(scalar_operand(ctx, dim, DType.I64), 1) if not dim.is_fixed else dim.factor - 1
+    return g.gather(x, axis, g.sub(last, g.iota(Shape.of(dim), 0)))
 
 
 def _slice_args(ctx: NodeContext) -> tuple[list[Size], list[Size], list[int] | None, list[int] | None]:
@@ -80,7 +91,7 @@ def slice_(ctx: NodeContext) -> Result:
     steps = [1] * len(starts) if steps is None else steps
     if not len(starts) == len(ends) == len(axes) == len(steps):
         ctx.unsupported("starts, ends, axes and steps differ in length")
-    norm = [ctx.axis(a, rank) for a in axes]
+    norm = [axis_of(ctx, a, rank) for a in axes]
     if len(set(norm)) != len(norm) or 0 in steps:
         ctx.unsupported(f"repeated axes {axes} or a zero step {steps}")
     r = ctx.raw_input(0)
@@ -133,7 +144,7 @@ def _take_flat(ctx: NodeContext, x: Value, axis: int, flat: Value, out: Shape) -
 @onnx_op("Gather")
 def gather(ctx: NodeContext) -> Result:
     shape = ctx.input_shape(0)
-    axis = ctx.axis(ctx.attr_int("axis", 0), shape.rank)
+    axis = axis_of(ctx, ctx.attr_int("axis", 0), shape.rank)
     dim = shape[axis]
     idx = _static_indices(ctx, 1)
     r = ctx.raw_input(0)
@@ -174,9 +185,13 @@ def _linear(ctx: NodeContext, coords: Sequence[Value], dims: Sequence[Size]) -> 
 @onnx_op("GatherElements")
 def gather_elements(ctx: NodeContext) -> Result:
     shape, idx_shape = ctx.input_shape(0), ctx.input_shape(1)
-    axis = ctx.axis(ctx.attr_int("axis", 0), shape.rank)
+    axis = axis_of(ctx, ctx.attr_int("axis", 0), shape.rank)
     if idx_shape.rank != shape.rank:
         ctx.unsupported(f"indices rank {idx_shape.rank} differs from data rank {shape.rank}")
+    for i, (n, d) in enumerate(zip(idx_shape, shape, strict=True)):
+        fits = n == d or (n.is_fixed and d.is_fixed and n.factor <= d.factor)
+        if i != axis and not fits:
+            ctx.unsupported(f"indices {idx_shape} do not fit in data {shape} on axis {i}")
     g = ctx.graph
     x = g.view(ctx.input(0), Shape.of(shape.size()))
     idx = _static_indices(ctx, 1)
@@ -199,7 +214,7 @@ def gather_nd(ctx: NodeContext) -> Result:
     if idx_shape.rank < 1 or not 0 <= b < min(shape.rank, idx_shape.rank):
         ctx.unsupported(f"batch_dims {b} invalid for data {shape} and indices {idx_shape}")
     k = idx_shape[-1].as_int("the index depth")
-    if b + k > shape.rank or Shape(shape.dims[:b]) != Shape(idx_shape.dims[:b]):
+    if b + k == 0 or b + k > shape.rank or Shape(shape.dims[:b]) != Shape(idx_shape.dims[:b]):
         ctx.unsupported(f"indices {idx_shape} do not address data {shape} with batch_dims {b}")
     g = ctx.graph
     lead = Shape(shape.dims[: b + k])
@@ -230,7 +245,7 @@ def compress(ctx: NodeContext) -> Result:
     g = ctx.graph
     x = ctx.input(0)
     if ctx.has_attr("axis"):
-        axis = ctx.axis(ctx.attr_int("axis"), shape.rank)
+        axis = axis_of(ctx, ctx.attr_int("axis"), shape.rank)
     else:
         x, axis = g.view(x, Shape.of(shape.size())), 0
     dim = g.shape(x)[axis]
@@ -242,8 +257,8 @@ def compress(ctx: NodeContext) -> Result:
 @onnx_op("ReverseSequence")
 def reverse_sequence(ctx: NodeContext) -> Result:
     shape = ctx.input_shape(0)
-    batch_axis = ctx.axis(ctx.attr_int("batch_axis", 1), shape.rank)
-    time_axis = ctx.axis(ctx.attr_int("time_axis", 0), shape.rank)
+    batch_axis = axis_of(ctx, ctx.attr_int("batch_axis", 1), shape.rank)
+    time_axis = axis_of(ctx, ctx.attr_int("time_axis", 0), shape.rank)
     lens = static_ints(ctx, 1, "sequence_lens")
     steps = shape[time_axis].as_int("the time axis size")
     if batch_axis == time_axis or Size(len(lens)) != shape[batch_axis]:
@@ -290,7 +305,7 @@ def pad(ctx: NodeContext) -> Result:
         ctx.unsupported(f"{len(pads)} pads for {len(axes)} axes")
     per_axis = [(0, 0)] * rank
     for i, a in enumerate(axes):
-        per_axis[ctx.axis(a, rank)] = (pads[i], pads[i + len(axes)])
+        per_axis[axis_of(ctx, a, rank)] = (pads[i], pads[i + len(axes)])
     value = _pad_value(ctx, ctx.input_dtype(0))
     return ctx.graph.pad(ctx.input(0), per_axis, mode, value)  # type: ignore[arg-type]
 
@@ -299,7 +314,7 @@ def pad(ctx: NodeContext) -> Result:
 def center_crop_pad(ctx: NodeContext) -> Result:
     shape = ctx.input_shape(0)
     target = static_ints(ctx, 1, "shape")
-    axes = [ctx.axis(a, shape.rank) for a in ctx.attr_ints("axes") or range(shape.rank)]
+    axes = [axis_of(ctx, a, shape.rank) for a in ctx.attr_ints("axes") or range(shape.rank)]
     if len(target) != len(axes):
         ctx.unsupported(f"shape {target} does not match axes {axes}")
     g = ctx.graph
@@ -363,7 +378,7 @@ def eye_like(ctx: NodeContext) -> Result:
 def one_hot(ctx: NodeContext) -> Result:
     idx_shape = ctx.input_shape(0)
     depth_arr = np.asarray(ctx.input_static(1, "depth")).reshape(-1)
-    if depth_arr.size != 1 or depth_arr[0] != int(depth_arr[0]) or int(depth_arr[0]) < 1:
+    if depth_arr.size != 1 or not np.isfinite(depth_arr[0]) or depth_arr[0] != int(depth_arr[0]) or depth_arr[0] < 1:
         ctx.unsupported(f"depth must be one positive integer, found {depth_arr.tolist()}")
     depth = int(depth_arr[0])
     axis = ctx.axis(ctx.attr_int("axis", -1), idx_shape.rank + 1)
@@ -423,6 +438,27 @@ def space_to_depth(ctx: NodeContext) -> Result:
 
 
 # -- scatter (static indices) -----------------------------------------------------------------------
+def _write_rounds(targets: np.ndarray, n: int, last_only: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(mask [n], source update [n]) per round: round r holds each position's r-th write."""
+    order = np.argsort(targets, kind="stable")
+    sorted_t = targets[order]
+    first = np.r_[0, np.flatnonzero(np.diff(sorted_t)) + 1]
+    counts = np.diff(np.r_[first, sorted_t.size])
+    rank = np.arange(sorted_t.size) - np.repeat(first, counts)
+    if last_only:  # without reduction, the last write wins
+        keep = np.repeat(counts - 1, counts) == rank
+        rank = np.where(keep, 0, -1)
+    rounds = []
+    for r in range(int(rank.max()) + 1):
+        sel = rank == r
+        mask = np.zeros(n, bool)
+        src = np.zeros(n, np.int64)
+        mask[sorted_t[sel]] = True
+        src[sorted_t[sel]] = order[sel]
+        rounds.append((mask, src))
+    return rounds
+
+
 def _scatter(ctx: NodeContext, targets: np.ndarray, reduction: str) -> Value:
     """Write updates (flattened) to the flat data positions `targets[u]`, in order.
 
@@ -437,15 +473,7 @@ def _scatter(ctx: NodeContext, targets: np.ndarray, reduction: str) -> Value:
     if u_count == 0:
         return out
     flat_upd = g.view(updates, Shape.of(u_count))
-    order: list[list[int]] = [[] for _ in range(n)]
-    for u, t in enumerate(targets.tolist()):
-        order[t].append(u)
-    if reduction == "none":
-        order = [o[-1:] for o in order]
-    rounds = max(len(o) for o in order)
-    for r in range(rounds):
-        mask = np.array([len(o) > r for o in order], dtype=bool)
-        src = np.array([o[r] if len(o) > r else 0 for o in order], dtype=np.int64)
+    for mask, src in _write_rounds(targets, n, reduction == "none"):
         upd = g.view(g.gather(flat_upd, 0, g.constant(src)), shape)
         match reduction:
             case "none":
@@ -475,7 +503,7 @@ def _scatter_shapes(ctx: NodeContext) -> tuple[tuple[int, ...], np.ndarray]:
 @onnx_op("Scatter", "ScatterElements")
 def scatter_elements(ctx: NodeContext) -> Result:
     dims, idx = _scatter_shapes(ctx)
-    axis = ctx.axis(ctx.attr_int("axis", 0), len(dims))
+    axis = axis_of(ctx, ctx.attr_int("axis", 0), len(dims))
     reduction = ctx.attr_str("reduction", "none")
     if idx.ndim != len(dims) or ctx.input_shape(2) != Shape.of(*idx.shape):
         ctx.unsupported(f"indices {list(idx.shape)} and updates {ctx.input_shape(2)} must match")
