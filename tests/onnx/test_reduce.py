@@ -296,3 +296,15 @@ def test_softmax_cross_entropy_with_log_prob(reduction: str, weighted: bool) -> 
         "SoftmaxCrossEntropyLoss", names, ["y", "logp"], reduction=reduction, ignore_index=2
     )
     check(model([node], feed, ["y", "logp"], inits=inits, opset=13), feed)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin"])
+def test_reduce_of_an_integer_constant_folds_at_load_time(op: str) -> None:
+    c = RNG.integers(-4, 5, (3, 4)).astype(np.int64)
+    x = np.zeros(1, np.float32)  # a graph input, unused by the reduction
+    nodes = [helper.make_node(op, ["c", "axes"], ["y"], keepdims=0)]
+    m = model(nodes, {"x": x}, inits={"c": c, "axes": np.array([1], np.int64)})
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    g = load_onnx(m)
+    assert all(not g[v].op.inputs for v in g.values())  # constants only: computed here
+    np.testing.assert_array_equal(evaluate(g, [x])[0], sess.run(None, {"x": x})[0])

@@ -69,16 +69,28 @@ def _reduce_axes(ctx: NodeContext, rank: int, axes_input_since: int) -> tuple[in
     return norm
 
 
+_KNOWN_PAIRS = {
+    ReduceOp.SUM: BinaryOp.ADD,
+    ReduceOp.PROD: BinaryOp.MUL,
+    ReduceOp.MAX: BinaryOp.MAX,
+    ReduceOp.MIN: BinaryOp.MIN,
+}
+_NUMPY_REDUCE = {
+    ReduceOp.SUM: np.sum,
+    ReduceOp.PROD: np.prod,
+    ReduceOp.MAX: np.max,
+    ReduceOp.MIN: np.min,
+}
+
+
 def _known_reduce(op: ReduceOp, k: Known, axes: tuple[int, ...], keepdims: bool) -> Known | None:
     """Sum/Prod/Max/Min of a shape tensor at load time, when every partial result is a size."""
-    pair = {
-        ReduceOp.SUM: BinaryOp.ADD,
-        ReduceOp.PROD: BinaryOp.MUL,
-        ReduceOp.MAX: BinaryOp.MAX,
-        ReduceOp.MIN: BinaryOp.MIN,
-    }.get(op)
+    pair = _KNOWN_PAIRS.get(op)
     if pair is None or k.dtype.is_bool or any(k.shape[a] == 0 for a in axes):
         return None
+    if not k.is_symbolic:
+        out = _NUMPY_REDUCE[op](k.data, axis=axes, keepdims=keepdims)
+        return Known(np.asarray(out).astype(k.dtype.np), k.dtype)
     data = k.data
     try:
         for a in sorted(axes, reverse=True):
