@@ -39,7 +39,9 @@ def node_model(
     names = list(order) if order is not None else [*inputs, *inits]
     node = helper.make_node(op_type, names, list(outputs), **dict(attrs or {}))
     ins = [
-        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(dims.get(n, a.shape)))
+        helper.make_tensor_value_info(
+            n, helper.np_dtype_to_tensor_dtype(a.dtype), list(dims.get(n, a.shape))
+        )
         for n, a in inputs.items()
     ]
     init = [numpy_helper.from_array(np.asarray(a), n) for n, a in inits.items()]
@@ -54,7 +56,9 @@ def node_model(
     return model
 
 
-def ours(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], **load: object) -> list[np.ndarray]:
+def ours(
+    model: onnx.ModelProto, feed: Mapping[str, np.ndarray], **load: object
+) -> list[np.ndarray]:
     g = load_onnx(model, **load)  # type: ignore[arg-type]
     return evaluate(g, {n: feed[n] for n in g.input_names})
 
@@ -71,7 +75,9 @@ def onnx_reference(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> li
     return [np.asarray(a) for a in ReferenceEvaluator(model).run(None, dict(feed))]
 
 
-def assert_close(got: Sequence[np.ndarray], want: Sequence[np.ndarray], rtol: float, atol: float) -> None:
+def assert_close(
+    got: Sequence[np.ndarray], want: Sequence[np.ndarray], rtol: float, atol: float
+) -> None:
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)

@@ -27,29 +27,48 @@ from tests.onnx.nn_helpers import check_numpy, check_ort, node_model, ours, rand
 )
 def test_conv_2d_geometry(attrs: dict[str, object]) -> None:
     group = int(attrs.get("group", 1))  # type: ignore[call-overload]
-    check_ort("Conv", {"x": rand(2, 4, 9, 8)}, attrs, inits={"w": rand(6, 4 // group, 3, 3), "b": rand(6)})
+    check_ort(
+        "Conv", {"x": rand(2, 4, 9, 8)}, attrs, inits={"w": rand(6, 4 // group, 3, 3), "b": rand(6)}
+    )
 
 
 @pytest.mark.parametrize("nd", [1, 3])
 def test_conv_1d_and_3d(nd: int) -> None:
     x = rand(1, 2, *([7] * nd))
-    check_ort("Conv", {"x": x}, {"strides": [2] * nd, "pads": [1] * (2 * nd)}, inits={"w": rand(3, 2, *([3] * nd))})
+    check_ort(
+        "Conv",
+        {"x": x},
+        {"strides": [2] * nd, "pads": [1] * (2 * nd)},
+        inits={"w": rand(3, 2, *([3] * nd))},
+    )
 
 
 def test_conv_depthwise_without_bias() -> None:
-    check_ort("Conv", {"x": rand(1, 4, 6, 6)}, {"group": 4, "kernel_shape": [3, 3]}, inits={"w": rand(4, 1, 3, 3)})
+    check_ort(
+        "Conv",
+        {"x": rand(1, 4, 6, 6)},
+        {"group": 4, "kernel_shape": [3, 3]},
+        inits={"w": rand(4, 1, 3, 3)},
+    )
 
 
 def test_conv_symbolic_batch_and_size_keeps_symbols() -> None:
-    model = node_model("Conv", {"x": rand(2, 3, 8, 8)}, {"pads": [1, 1, 1, 1]}, inits={"w": rand(4, 3, 3, 3)},
-                       dims={"x": ["N", 3, "h", "w"]})
+    model = node_model(
+        "Conv",
+        {"x": rand(2, 3, 8, 8)},
+        {"pads": [1, 1, 1, 1]},
+        inits={"w": rand(4, 3, 3, 3)},
+        dims={"x": ["N", 3, "h", "w"]},
+    )
     g = load_onnx(model)
     assert str(g.shape(g.outputs[0])) == "[B,4,h,w]"
     assert any(isinstance(g[v].op, Conv) for v in g.values())
 
 
 def test_conv_kernel_shape_contradicting_filter_is_refused() -> None:
-    model = node_model("Conv", {"x": rand(1, 1, 5, 5)}, {"kernel_shape": [2, 2]}, inits={"w": rand(1, 1, 3, 3)})
+    model = node_model(
+        "Conv", {"x": rand(1, 1, 5, 5)}, {"kernel_shape": [2, 2]}, inits={"w": rand(1, 1, 3, 3)}
+    )
     with pytest.raises(UnsupportedOnnxError, match="kernel_shape"):
         load_onnx(model)
 
@@ -69,7 +88,12 @@ def test_conv_kernel_shape_contradicting_filter_is_refused() -> None:
 )
 def test_conv_transpose(attrs: dict[str, object]) -> None:
     group = int(attrs.get("group", 1))  # type: ignore[call-overload]
-    check_ort("ConvTranspose", {"x": rand(2, 4, 4, 4)}, attrs, inits={"w": rand(4, 6 // group, 3, 3), "b": rand(6)})
+    check_ort(
+        "ConvTranspose",
+        {"x": rand(2, 4, 4, 4)},
+        attrs,
+        inits={"w": rand(4, 6 // group, 3, 3), "b": rand(6)},
+    )
 
 
 def test_conv_transpose_1d() -> None:
@@ -95,7 +119,9 @@ def test_gemm(attrs: dict[str, object], c_shape: tuple[int, ...] | None) -> None
     check_ort("Gemm", {"a": a}, attrs, inits=inits)
 
 
-@pytest.mark.parametrize(("sa", "sb"), [((3,), (3, 4)), ((2, 1, 3, 4), (5, 4, 2)), ((2, 3, 4), (4,))])
+@pytest.mark.parametrize(
+    ("sa", "sb"), [((3,), (3, 4)), ((2, 1, 3, 4), (5, 4, 2)), ((2, 3, 4), (4,))]
+)
 def test_matmul_broadcasting(sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
     check_ort("MatMul", {"a": rand(*sa), "b": rand(*sb)})
 
@@ -135,12 +161,16 @@ def test_log_softmax_large_inputs_stay_finite() -> None:
 def test_einsum_matches_numpy(equation: str, shapes: list[tuple[int, ...]]) -> None:
     xs = {f"x{i}": rand(*s) for i, s in enumerate(shapes)}
     want = np.einsum(equation.replace(" ", ""), *xs.values())
-    check_numpy("Einsum", xs, [np.asarray(want, np.float32)], {"equation": equation}, rtol=1e-4, atol=1e-5)
+    check_numpy(
+        "Einsum", xs, [np.asarray(want, np.float32)], {"equation": equation}, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_einsum_with_symbolic_batch() -> None:
     a, b = rand(3, 4, 5), rand(5, 2)
-    model = node_model("Einsum", {"a": a, "b": b}, {"equation": "nij,jk->nik"}, dims={"a": ["N", 4, 5]})
+    model = node_model(
+        "Einsum", {"a": a, "b": b}, {"equation": "nij,jk->nik"}, dims={"a": ["N", 4, 5]}
+    )
     (got,) = ours(model, {"a": a, "b": b})
     np.testing.assert_allclose(got, np.einsum("nij,jk->nik", a, b), rtol=1e-5, atol=1e-5)
 

@@ -38,7 +38,9 @@ def test_max_pool_uint8_and_1d() -> None:
 
 
 def test_max_pool_indices_output_is_refused() -> None:
-    model = node_model("MaxPool", {"x": rand(1, 1, 4, 4)}, {"kernel_shape": [2, 2]}, outputs=("y", "i"))
+    model = node_model(
+        "MaxPool", {"x": rand(1, 1, 4, 4)}, {"kernel_shape": [2, 2]}, outputs=("y", "i")
+    )
     with pytest.raises(UnsupportedOnnxError, match="output 1"):
         load_onnx(model)
 
@@ -64,20 +66,33 @@ def test_lp_pool(attrs: dict[str, object]) -> None:
 def test_batch_norm_inference() -> None:
     c = 3
     var = np.abs(rand(c)) + 0.5
-    check_ort("BatchNormalization", {"x": rand(2, c, 4, 5)}, {"epsilon": 1e-3},
-              inits={"s": rand(c), "b": rand(c), "m": rand(c), "v": var})
+    check_ort(
+        "BatchNormalization",
+        {"x": rand(2, c, 4, 5)},
+        {"epsilon": 1e-3},
+        inits={"s": rand(c), "b": rand(c), "m": rand(c), "v": var},
+    )
 
 
 def test_batch_norm_training_mode_is_refused() -> None:
     c = 2
-    model = node_model("BatchNormalization", {"x": rand(2, c, 3)}, {"training_mode": 1},
-                       inits={"s": rand(c), "b": rand(c), "m": rand(c), "v": np.ones(c, np.float32)})
+    model = node_model(
+        "BatchNormalization",
+        {"x": rand(2, c, 3)},
+        {"training_mode": 1},
+        inits={"s": rand(c), "b": rand(c), "m": rand(c), "v": np.ones(c, np.float32)},
+    )
     with pytest.raises(UnsupportedOnnxError, match="training_mode"):
         load_onnx(model)
 
 
 def test_instance_norm() -> None:
-    check_ort("InstanceNormalization", {"x": rand(2, 3, 4, 5)}, {"epsilon": 1e-4}, inits={"s": rand(3), "b": rand(3)})
+    check_ort(
+        "InstanceNormalization",
+        {"x": rand(2, 3, 4, 5)},
+        {"epsilon": 1e-4},
+        inits={"s": rand(3), "b": rand(3)},
+    )
 
 
 @pytest.mark.parametrize("opset", [18, 21])
@@ -86,29 +101,52 @@ def test_group_norm_scale_per_group_or_channel(opset: int) -> None:
     per = groups if opset == 18 else c
     s, b = rand(per), rand(per)
     xg = x.reshape(2, groups, -1)
-    y = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
+    y = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + 1e-5)).reshape(
+        x.shape
+    )
     sc, bc = (np.repeat(s, c // groups), np.repeat(b, c // groups)) if opset == 18 else (s, b)
     want = y * sc.reshape(c, 1, 1) + bc.reshape(c, 1, 1)
-    check_numpy("GroupNormalization", {"x": x}, [want.astype(np.float32)], {"num_groups": groups},
-                inits={"s": s, "b": b}, opset=opset, rtol=1e-4)
+    check_numpy(
+        "GroupNormalization",
+        {"x": x},
+        [want.astype(np.float32)],
+        {"num_groups": groups},
+        inits={"s": s, "b": b},
+        opset=opset,
+        rtol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("axis", [-1, 1, 0])
 def test_layer_norm_with_stash_outputs(axis: int) -> None:
     x = rand(2, 3, 4)
     shape = x.shape[axis:]
-    check_ort("LayerNormalization", {"x": x}, {"axis": axis}, inits={"s": rand(*shape), "b": rand(*shape)},
-              outputs=("y", "mean", "inv_std"), opset=17, rtol=1e-4)
+    check_ort(
+        "LayerNormalization",
+        {"x": x},
+        {"axis": axis},
+        inits={"s": rand(*shape), "b": rand(*shape)},
+        outputs=("y", "mean", "inv_std"),
+        opset=17,
+        rtol=1e-4,
+    )
 
 
 def test_rms_norm() -> None:
     x, s = rand(2, 3, 4), rand(4)
     want = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-5) * s
-    check_numpy("RMSNormalization", {"x": x}, [want.astype(np.float32)], inits={"s": s}, opset=23, rtol=1e-4)
+    check_numpy(
+        "RMSNormalization", {"x": x}, [want.astype(np.float32)], inits={"s": s}, opset=23, rtol=1e-4
+    )
 
 
 def test_lrn_odd_size() -> None:
-    check_ort("LRN", {"x": rand(2, 6, 3, 3)}, {"size": 3, "alpha": 0.01, "beta": 0.5, "bias": 2.0}, rtol=1e-4)
+    check_ort(
+        "LRN",
+        {"x": rand(2, 6, 3, 3)},
+        {"size": 3, "alpha": 0.01, "beta": 0.5, "bias": 2.0},
+        rtol=1e-4,
+    )
 
 
 def test_lrn_even_size_window_is_one_more_after() -> None:

@@ -18,79 +18,147 @@ def scales(*s: float) -> np.ndarray:
     return np.array(s, np.float32)
 
 
-@pytest.mark.parametrize("coord", ["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"])
+@pytest.mark.parametrize(
+    "coord", ["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"]
+)
 @pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
 @pytest.mark.parametrize("factor", [2.0, 0.6, 1.7])
 def test_resize_scales(coord: str, mode: str, factor: float) -> None:
     """Against the ONNX reference: with align_corners and a fractional output width, ORT divides
     by the integer output length where the reference (and the backend tests) use scale * size."""
     attrs = {"mode": mode, "coordinate_transformation_mode": coord}
-    check_reference("Resize", {"x": rand(1, 2, 5, 6)}, attrs, inits={"roi": EMPTY, "scales": scales(1, 1, factor, 2.0)},
-              rtol=1e-4, atol=1e-5)
+    check_reference(
+        "Resize",
+        {"x": rand(1, 2, 5, 6)},
+        attrs,
+        inits={"roi": EMPTY, "scales": scales(1, 1, factor, 2.0)},
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
-@pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+@pytest.mark.parametrize(
+    "nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
+)
 def test_resize_nearest_modes_with_sizes(nearest_mode: str) -> None:
     attrs = {"mode": "nearest", "nearest_mode": nearest_mode}
     sizes = np.array([1, 1, 7, 3], np.int64)
-    check_ort("Resize", {"x": rand(1, 1, 4, 5)}, attrs, inits={"roi": EMPTY, "sizes": sizes},
-              order=["x", "roi", "", "sizes"])
+    check_ort(
+        "Resize",
+        {"x": rand(1, 1, 4, 5)},
+        attrs,
+        inits={"roi": EMPTY, "sizes": sizes},
+        order=["x", "roi", "", "sizes"],
+    )
 
 
 def test_resize_cubic_exclude_outside_and_coefficient() -> None:
     attrs = {"mode": "cubic", "cubic_coeff_a": -0.5, "exclude_outside": 1}
-    check_ort("Resize", {"x": rand(1, 1, 4, 4)}, attrs, inits={"roi": EMPTY, "scales": scales(1, 1, 1.5, 0.75)},
-              rtol=1e-4, atol=1e-5)
+    check_ort(
+        "Resize",
+        {"x": rand(1, 1, 4, 4)},
+        attrs,
+        inits={"roi": EMPTY, "scales": scales(1, 1, 1.5, 0.75)},
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("mode", ["linear", "cubic"])
 def test_resize_antialias_downsampling(mode: str) -> None:
     attrs = {"mode": mode, "antialias": 1}
-    check_ort("Resize", {"x": rand(1, 1, 8, 8)}, attrs, inits={"roi": EMPTY, "scales": scales(1, 1, 0.4, 0.5)},
-              rtol=1e-4, atol=1e-5)
+    check_ort(
+        "Resize",
+        {"x": rand(1, 1, 8, 8)},
+        attrs,
+        inits={"roi": EMPTY, "scales": scales(1, 1, 0.4, 0.5)},
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_resize_tf_crop_and_resize_extrapolates() -> None:
-    attrs = {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 9.0}
+    attrs = {
+        "mode": "linear",
+        "coordinate_transformation_mode": "tf_crop_and_resize",
+        "extrapolation_value": 9.0,
+    }
     roi = np.array([0, 0, 0.2, 0.5, 1, 1, 1.3, 1.2], np.float32)
-    check_ort("Resize", {"x": rand(1, 1, 4, 4)}, attrs, inits={"roi": roi, "sizes": np.array([1, 1, 3, 5], np.int64)},
-              order=["x", "roi", "", "sizes"], rtol=1e-4, atol=1e-5)
+    check_ort(
+        "Resize",
+        {"x": rand(1, 1, 4, 4)},
+        attrs,
+        inits={"roi": roi, "sizes": np.array([1, 1, 3, 5], np.int64)},
+        order=["x", "roi", "", "sizes"],
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("policy", ["not_larger", "not_smaller"])
 def test_resize_axes_and_aspect_ratio_policy(policy: str) -> None:
     attrs = {"mode": "nearest", "axes": [3, 2], "keep_aspect_ratio_policy": policy}
-    check_ort("Resize", {"x": rand(1, 2, 3, 4)}, attrs, inits={"sizes": np.array([9, 5], np.int64)},
-              order=["x", "", "", "sizes"])
+    check_ort(
+        "Resize",
+        {"x": rand(1, 2, 3, 4)},
+        attrs,
+        inits={"sizes": np.array([9, 5], np.int64)},
+        order=["x", "", "", "sizes"],
+    )
 
 
 def test_resize_integer_data_nearest_is_exact() -> None:
     x = np.arange(24, dtype=np.int32).reshape(1, 2, 3, 4)
-    check_ort("Resize", {"x": x}, {"mode": "nearest"}, inits={"roi": EMPTY, "scales": scales(1, 1, 2, 1.5)})
+    check_ort(
+        "Resize",
+        {"x": x},
+        {"mode": "nearest"},
+        inits={"roi": EMPTY, "scales": scales(1, 1, 2, 1.5)},
+    )
 
 
 def test_resize_linear_of_integers_is_refused() -> None:
-    model = node_model("Resize", {"x": np.zeros((1, 1, 2, 2), np.int32)}, {"mode": "linear"},
-                       inits={"roi": EMPTY, "scales": scales(1, 1, 1.5, 1.5)})
+    model = node_model(
+        "Resize",
+        {"x": np.zeros((1, 1, 2, 2), np.int32)},
+        {"mode": "linear"},
+        inits={"roi": EMPTY, "scales": scales(1, 1, 1.5, 1.5)},
+    )
     with pytest.raises(UnsupportedOnnxError, match="linear"):
         load_onnx(model)
 
 
 def test_resize_opset10_nearest_matches_onnxruntime() -> None:
-    check_ort("Resize", {"x": rand(1, 1, 3, 4)}, {"mode": "nearest"}, inits={"scales": scales(1, 1, 2, 0.5)},
-              opset=10)
+    check_ort(
+        "Resize",
+        {"x": rand(1, 1, 3, 4)},
+        {"mode": "nearest"},
+        inits={"scales": scales(1, 1, 2, 0.5)},
+        opset=10,
+    )
 
 
 def test_upsample_nearest() -> None:
-    check_ort("Upsample", {"x": rand(1, 2, 2, 3)}, {"mode": "nearest"}, inits={"scales": scales(1, 1, 2, 3)}, opset=9)
+    check_ort(
+        "Upsample",
+        {"x": rand(1, 2, 2, 3)},
+        {"mode": "nearest"},
+        inits={"scales": scales(1, 1, 2, 3)},
+        opset=9,
+    )
 
 
 @pytest.mark.parametrize("coord", ["half_pixel", "asymmetric"])
 def test_symbolic_2x_nearest_upsampling_is_a_repeat(coord: str) -> None:
     x = rand(2, 3, 4, 5)
     attrs = {"mode": "nearest", "coordinate_transformation_mode": coord}
-    model = node_model("Resize", {"x": x}, attrs, inits={"roi": EMPTY, "scales": scales(1, 1, 2, 2)},
-                       dims={"x": ["N", 3, "h", "w"]})
+    model = node_model(
+        "Resize",
+        {"x": x},
+        attrs,
+        inits={"roi": EMPTY, "scales": scales(1, 1, 2, 2)},
+        dims={"x": ["N", 3, "h", "w"]},
+    )
     g = load_onnx(model)
     assert str(g.shape(g.outputs[0])) == "[B,3,2*h,2*w]"
     assert not any(isinstance(g[v].op, Gather) for v in g.values())
@@ -99,7 +167,12 @@ def test_symbolic_2x_nearest_upsampling_is_a_repeat(coord: str) -> None:
 
 
 def test_symbolic_linear_resize_is_refused() -> None:
-    model = node_model("Resize", {"x": rand(1, 1, 4, 4)}, {"mode": "linear"},
-                       inits={"roi": EMPTY, "scales": scales(1, 1, 2, 2)}, dims={"x": [1, 1, "h", "w"]})
+    model = node_model(
+        "Resize",
+        {"x": rand(1, 1, 4, 4)},
+        {"mode": "linear"},
+        inits={"roi": EMPTY, "scales": scales(1, 1, 2, 2)},
+        dims={"x": [1, 1, "h", "w"]},
+    )
     with pytest.raises(UnsupportedOnnxError, match="symbolic"):
         load_onnx(model)

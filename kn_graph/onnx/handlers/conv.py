@@ -151,7 +151,9 @@ def conv_transpose(ctx: NodeContext) -> Result:
     out_pad = list(ctx.attr_ints("output_padding", [0] * nd) or ())
     if len(strides) != nd or len(dilations) != nd or min(strides + dilations) < 1:
         ctx.unsupported(f"invalid strides {list(strides)} or dilations {list(dilations)}")
-    if len(out_pad) != nd or any(p < 0 or p >= max(s, d) for p, s, d in zip(out_pad, strides, dilations, strict=True)):
+    if len(out_pad) != nd or any(
+        p < 0 or p >= max(s, d) for p, s, d in zip(out_pad, strides, dilations, strict=True)
+    ):
         ctx.unsupported(f"invalid output_padding {out_pad}")
     sizes = g.shape(x).dims[2:]
     pads = _transpose_pads(ctx, sizes, kernel, strides, dilations, out_pad)

@@ -52,8 +52,12 @@ def _parse(ctx: NodeContext, equation: str, ranks: list[int]) -> tuple[list[str]
         ctx.unsupported(f"equation '{equation}' has {len(terms)} terms for {len(ranks)} inputs")
     allowed = set(string.ascii_letters + ".")
     if not set(lhs.replace(",", "")) <= allowed or not set(rhs) <= allowed:
-        ctx.unsupported(f"equation '{equation}' has characters other than letters, ',', '...' and '->'")
-    ell_ranks = [r - len(t.replace("...", "")) for t, r in zip(terms, ranks, strict=True) if "..." in t]
+        ctx.unsupported(
+            f"equation '{equation}' has characters other than letters, ',', '...' and '->'"
+        )
+    ell_ranks = [
+        r - len(t.replace("...", "")) for t, r in zip(terms, ranks, strict=True) if "..." in t
+    ]
     ell_rank = max(ell_ranks, default=0)
     if ell_rank > len(_ELLIPSIS_LABELS):
         ctx.unsupported(f"an ellipsis of {ell_rank} dimensions")
@@ -117,7 +121,9 @@ def _contract(ctx: NodeContext, a: Term, b: Term, keep: set[str]) -> Term:
     for c in contracted:
         if sa[c] != sb[c]:
             ctx.unsupported(f"label '{c}' has sizes {sa[c]} and {sb[c]}")
-    batch_shape = broadcast_shapes(Shape(tuple(sa[c] for c in batch)), Shape(tuple(sb[c] for c in batch)))
+    batch_shape = broadcast_shapes(
+        Shape(tuple(sa[c] for c in batch)), Shape(tuple(sb[c] for c in batch))
+    )
     av = g.permute(a.value, [a.labels.index(c) for c in batch + a_only + contracted])
     bv = g.permute(b.value, [b.labels.index(c) for c in batch + contracted + b_only])
     k = Shape(tuple(sa[c] for c in contracted))
@@ -130,7 +136,9 @@ def _contract(ctx: NodeContext, a: Term, b: Term, keep: set[str]) -> Term:
     av = g.broadcast(av, batch_shape + m + k)
     bv = g.broadcast(bv, batch_shape + k + n)
     nb = batch_shape.size()
-    prod = g.matmul(g.view(av, Shape.of(nb, m.size(), k.size())), g.view(bv, Shape.of(nb, k.size(), n.size())))
+    prod = g.matmul(
+        g.view(av, Shape.of(nb, m.size(), k.size())), g.view(bv, Shape.of(nb, k.size(), n.size()))
+    )
     out = g.view(prod, batch_shape + m + n)
     return Term(out, "".join(batch + a_only + b_only))
 

@@ -25,7 +25,9 @@ def _window(ctx: NodeContext, x: Value) -> Window:
         ctx.unsupported(f"expected an input [N,C,*spatial], found {shape}")
     kernel = kernel_attr(ctx, shape.rank - 2, required=True)
     assert kernel is not None
-    return read_window(ctx, shape.dims[2:], kernel, allow_dilations=ctx.op_type != "AveragePool" or ctx.opset >= 19)
+    return read_window(
+        ctx, shape.dims[2:], kernel, allow_dilations=ctx.op_type != "AveragePool" or ctx.opset >= 19
+    )
 
 
 def _pool(ctx: NodeContext, kind: Literal["max", "avg"], count_include_pad: bool) -> Value:

@@ -36,7 +36,9 @@ def _read_interp(ctx: NodeContext) -> Interp:
     mode = ctx.attr_str("mode", "nearest")
     if ctx.op_type == "Upsample" and mode == "bilinear":
         mode = "linear"
-    if mode not in ("nearest", "linear", "cubic") or (mode == "cubic" and ctx.op_type == "Upsample"):
+    if mode not in ("nearest", "linear", "cubic") or (
+        mode == "cubic" and ctx.op_type == "Upsample"
+    ):
         ctx.unsupported(f"mode '{mode}'")
     if ctx.op_type == "Upsample" or ctx.opset < 11:
         # Upsample and Resize-10: asymmetric coordinates, ORT's "simple" nearest rounding
@@ -83,7 +85,9 @@ def _plan(ctx: NodeContext, x: Value, interp: Interp) -> list[AxisPlan]:
     else:
         scale_index = 2 if ctx.op_type == "Resize" and ctx.opset >= 11 else 1
         scales = _static_floats(ctx, scale_index, "scales")
-        sizes = ctx.input_sizes(3, "sizes") if ctx.op_type == "Resize" and ctx.has_input(3) else None
+        sizes = (
+            ctx.input_sizes(3, "sizes") if ctx.op_type == "Resize" and ctx.has_input(3) else None
+        )
     roi = None
     if ctx.op_type == "Resize" and ctx.opset >= 11 and ctx.has_input(1):
         if interp.coord == "tf_crop_and_resize":
@@ -119,7 +123,9 @@ def _scaled(ctx: NodeContext, size: Size, scale: float) -> Size:
     ctx.unsupported(f"scale {scale} of symbolic size {size}")
 
 
-def _from_sizes(ctx: NodeContext, ins: Sequence[Size], sizes: Sequence[Size]) -> tuple[list[Size], list[float]]:
+def _from_sizes(
+    ctx: NodeContext, ins: Sequence[Size], sizes: Sequence[Size]
+) -> tuple[list[Size], list[float]]:
     """Output sizes and scale factors from `sizes`, honouring keep_aspect_ratio_policy."""
     policy = ctx.attr_str("keep_aspect_ratio_policy", "stretch") if ctx.opset >= 18 else "stretch"
     if policy not in ("stretch", "not_larger", "not_smaller"):
@@ -136,7 +142,9 @@ def _from_sizes(ctx: NodeContext, ins: Sequence[Size], sizes: Sequence[Size]) ->
             except GraphError:  # not an exact multiple
                 ratio = None
             if ratio is None or not ratio.is_fixed:
-                ctx.unsupported(f"output size {o} is not an integer multiple of the symbolic size {i}")
+                ctx.unsupported(
+                    f"output size {o} is not an integer multiple of the symbolic size {i}"
+                )
             factors.append(float(ratio.factor))
     if policy == "stretch":
         return list(sizes), factors
@@ -165,7 +173,10 @@ def _apply_taps(ctx: NodeContext, x: Value, axis: int, taps: Taps, extrapolation
             w = taps.weight[:, t]
             if not w.any():
                 continue
-            term = g.mul(g.gather(x, axis, g.constant(taps.index[:, t])), _weights_along(ctx, w, rank, axis, x))
+            term = g.mul(
+                g.gather(x, axis, g.constant(taps.index[:, t])),
+                _weights_along(ctx, w, rank, axis, x),
+            )
             y = term if y is None else g.add(y, term)
         assert y is not None
     if taps.outside is not None:
@@ -190,12 +201,16 @@ def _symbolic_axis(ctx: NodeContext, x: Value, p: AxisPlan, interp: Interp) -> V
     except GraphError:
         k = None
     if k is None or not k.is_fixed or k.factor < 1 or interp.mode != "nearest" or p.roi is not None:
-        ctx.unsupported(f"resizing the symbolic axis {p.axis} ({size} -> {p.out}) is not an integer nearest repetition")
+        ctx.unsupported(
+            f"resizing the symbolic axis {p.axis} ({size} -> {p.out}) is not an integer nearest repetition"
+        )
     reps = k.factor
     for n in (1, 2, 3, 5, 8):
         taps = axis_taps(_resolve_nearest(interp, p.scale), n, n * reps, p.scale)
         if not np.array_equal(taps.selected(), np.repeat(np.arange(n), reps)):
-            ctx.unsupported(f"nearest resize of the symbolic axis {p.axis} by {reps} is not a repetition")
+            ctx.unsupported(
+                f"nearest resize of the symbolic axis {p.axis} by {reps} is not a repetition"
+            )
     return ctx.graph.repeat_interleave(x, p.axis, reps)
 
 
@@ -203,7 +218,11 @@ def _resize(ctx: NodeContext, interp: Interp) -> Value:
     g = ctx.graph
     x = ctx.input(0)
     plans = _plan(ctx, x, interp)
-    extrapolation = ctx.attr_float("extrapolation_value", 0.0) if ctx.op_type == "Resize" and ctx.opset >= 11 else 0.0
+    extrapolation = (
+        ctx.attr_float("extrapolation_value", 0.0)
+        if ctx.op_type == "Resize" and ctx.opset >= 11
+        else 0.0
+    )
     for p in plans:
         size = g.shape(x)[p.axis]
         trivial_roi = p.roi is None or (np.isclose(p.roi[0], 0.0) and np.isclose(p.roi[1], 1.0))
@@ -214,7 +233,9 @@ def _resize(ctx: NodeContext, interp: Interp) -> Value:
             continue
         if p.out.factor < 1 or size.factor < 1:
             ctx.unsupported(f"resizing axis {p.axis} from {size} to {p.out}")
-        taps = axis_taps(_resolve_nearest(interp, p.scale), size.factor, p.out.factor, p.scale, p.roi)
+        taps = axis_taps(
+            _resolve_nearest(interp, p.scale), size.factor, p.out.factor, p.scale, p.roi
+        )
         x = _apply_taps(ctx, x, p.axis, taps, extrapolation)
     return x
 

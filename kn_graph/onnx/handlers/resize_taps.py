@@ -48,7 +48,9 @@ class Taps:
 
     @property
     def one_hot(self) -> bool:
-        return bool(np.all(np.count_nonzero(self.weight, axis=1) <= 1) and np.all(self.weight.sum(1) == 1))
+        return bool(
+            np.all(np.count_nonzero(self.weight, axis=1) <= 1) and np.all(self.weight.sum(1) == 1)
+        )
 
     def selected(self) -> np.ndarray:
         """For one-hot weights, the single input index each output reads."""
@@ -69,7 +71,11 @@ def source_coords(
             x = y / scale
         case "tf_crop_and_resize":
             lo, hi = roi if roi is not None else (0.0, 1.0)
-            x = np.full(out, (hi - lo) * (size - 1) / 2) if width == 1 else y * (hi - lo) * (size - 1) / (width - 1)
+            x = (
+                np.full(out, (hi - lo) * (size - 1) / 2)
+                if width == 1
+                else y * (hi - lo) * (size - 1) / (width - 1)
+            )
             x = x + lo * (size - 1)
             outside = (x < 0) | (x > size - 1)
         case "pytorch_half_pixel":

@@ -88,7 +88,9 @@ def read_window(
             pairs = ((0, 0),) * nd
         case "SAME_UPPER" | "SAME_LOWER":
             pairs = tuple(
-                same_padding(ctx, sizes[i], kernel[i], strides[i], dilations[i], auto_pad == "SAME_UPPER")
+                same_padding(
+                    ctx, sizes[i], kernel[i], strides[i], dilations[i], auto_pad == "SAME_UPPER"
+                )
                 for i in range(nd)
             )
         case _:
