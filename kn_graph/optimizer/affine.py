@@ -191,7 +191,7 @@ def fuse_affine(rw: Rewriter, v: Value) -> Value | None:
     when the chain sits on a convolution used only by it and its scale is per output channel,
     the scale goes into the filter and only the Add remains."""
     top = _link(rw, v)
-    if top is None or feeds_const_binary(rw.old, v, _AFFINE):
+    if top is None or feeds_const_binary(rw, v, _AFFINE, lambda g, c: compact(g, c) is not None):
         return None  # not a chain, or an inner link: the chain is rewritten at its top
     aff = _chain(rw, top)
     if aff is None:

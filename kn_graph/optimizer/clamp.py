@@ -40,7 +40,7 @@ def fuse_clamp(rw: Rewriter, v: Value) -> Value | None:
     """Seen from the top of a Min/Max-by-scalar chain whose inner values are hidden with one use,
     rebuild it as min(x, hi) then max(·, lo) when that takes fewer ops."""
     top = _link(rw, v)
-    if top is None or feeds_const_binary(rw.old, v, _CLAMP):
+    if top is None or feeds_const_binary(rw, v, _CLAMP, lambda g, c: scalar(g, c) is not None):
         return None
     links = [top]
     while rw.old.is_hidden_with_uses(links[-1][0], 1) and (nxt := _link(rw, links[-1][0])):

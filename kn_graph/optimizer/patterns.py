@@ -8,7 +8,9 @@ that chain rewrites can tell the top of a chain from its inner links without any
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,12 +18,16 @@ from kn_graph.graph import Graph
 from kn_graph.ops import Binary, BinaryOp, Broadcast, Constant, Input, Iota, Value, View
 from kn_graph.shape import Shape, Size
 
+if TYPE_CHECKING:
+    from kn_graph.optimizer.core import Rewriter
+
 __all__ = [
     "MAX_MATERIALISE",
     "OldIndex",
     "approx",
     "compact",
     "emit_compact",
+    "feeds_const_binary",
     "old_index",
     "scalar",
     "squeeze_equal",
@@ -163,10 +169,17 @@ def old_index(g: Graph) -> OldIndex:
     return idx
 
 
-def feeds_const_binary(g: Graph, v: Value, ops: frozenset[BinaryOp]) -> bool:
+def feeds_const_binary(
+    rw: Rewriter, v: Value, ops: frozenset[BinaryOp], is_const: Callable[[Graph, Value], bool]
+) -> bool:
     """Whether `v` is hidden with one use and that use is a Binary in `ops` whose other operand
-    depends on constants only (with `v` as the numerator of a Div): then `v` is an inner link of
-    a chain whose top is further down the index order, and the chain is rewritten there."""
+    is a constant in the sense of `is_const` (with `v` as the numerator of a Div): then `v` is an
+    inner link of a chain whose top comes later in index order, and the chain is rewritten there.
+
+    The other operand may not be mapped into the new graph yet: then it is judged in the old
+    graph when it is a plain constant there, and otherwise counts as constant when it depends on
+    constants only and folding is on (folding will have made it one in time)."""
+    g = rw.old
     if not g.is_hidden_with_uses(v, 1):
         return False
     idx = old_index(g)
@@ -176,7 +189,15 @@ def feeds_const_binary(g: Graph, v: Value, ops: frozenset[BinaryOp]) -> bool:
     match g[Value(u, g.id)].op:
         case Binary(a, b, op) if op in ops:
             if a == v:
-                return idx.const_like[b.index]
-            return op is not BinaryOp.DIV and idx.const_like[a.index]
+                other = b
+            elif op is not BinaryOp.DIV:
+                other = a
+            else:
+                return False
         case _:
             return False
+    if other.index < v.index:  # live and already visited: look at what it became
+        return is_const(rw.new, rw.get(other))
+    if compact(g, other) is not None:
+        return is_const(g, other)
+    return idx.const_like[other.index] and rw.settings.fold_constants

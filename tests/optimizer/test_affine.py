@@ -317,3 +317,15 @@ def test_division_by_non_constant_or_integers_is_kept() -> None:
     g.add_output(g.div(i, 3), "b")
     g.add_output(g.div(2.0, x), "c")
     assert op_counts(optimize(g, DIV))["div"] == 3
+
+
+def test_chain_under_an_unfolded_constant_collapses_without_folding() -> None:
+    """With folding off, ·sqrt(4) is not a constant operand: the chain below it is complete and
+    still collapses."""
+    g = Graph()
+    x = g.input(Shape.of(4), DType.F32, "x")
+    y = g.add(g.mul(g.add(x, 1.0), 2.0), 3.0)
+    g.add_output(g.mul(y, g.sqrt(g.constant(np.float32(4.0)))), "y")
+    o = optimize(g, only("fuse_affine"))
+    assert op_counts(o)["add"] == 1 and op_counts(o)["mul"] == 2
+    assert_same(g, o)

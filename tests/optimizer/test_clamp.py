@@ -116,3 +116,14 @@ def test_non_constant_bounds_are_not_fused() -> None:
     o = optimize(g, CLAMP)
     assert op_counts(o)["max"] == 1 and op_counts(o)["min"] == 1  # the two maxes do merge
     assert_same(g, o, {"B": 2})
+
+
+def test_chain_under_a_non_scalar_bound_still_merges() -> None:
+    """min(min(x, 3), 4) feeds a max with a per-element bound (not a link): the two mins are
+    the whole chain and still become one."""
+    g, x = _graph()
+    lo = g.constant(np.linspace(-1, 0, 8, dtype=np.float32))
+    g.add_output(g.maximum(g.minimum(g.minimum(x, 3.0), 4.0), lo), "y")
+    o = optimize(g, CLAMP)
+    assert op_counts(o)["min"] == 1 and op_counts(o)["max"] == 1
+    assert_same(g, o, {"B": 2})
