@@ -1,0 +1,68 @@
+"""Generator of the fused attention kernel (f32 math; f16 storage allowed)."""
+
+from __future__ import annotations
+
+from kn_cuda_eval import steps as st
+from kn_cuda_eval.kernels import exprs
+from kn_cuda_eval.kernels.launch import (
+    BLOCK,
+    KernelLaunch,
+    Params,
+    blocks_for,
+    make_kernel,
+    needs_64bit,
+)
+
+__all__ = ["MAX_FUSED_DV", "attention_launch"]
+
+MAX_FUSED_DV = 256
+"""Head sizes up to this fit the per-lane accumulators; larger ones are planned decomposed."""
+
+
+def attention_launch(s: st.Attention) -> KernelLaunch:
+    b, m, d = s.q.shape
+    n = s.k.shape[1]
+    dv = s.v.shape[2]
+    views = [s.q, s.k, s.v, s.out] + ([s.mask] if s.mask is not None else [])
+    wide = needs_64bit(b * m * max(n, dv, d), views)
+    p = Params(wide)
+    p.idx("batch", b)
+    p.idx("m", m)
+    p.idx("n", n)
+    p.idx("d", d)
+    p.idx("dv", dv)
+    p.float_("scale", s.scale)
+    p.ptr("q", s.q)
+    p.strides("sq", s.q.strides)
+    p.ptr("k", s.k)
+    p.strides("sk", s.k.strides)
+    p.ptr("v", s.v)
+    p.strides("sv", s.v.strides)
+    p.ptr("out", s.out, const=False)
+    p.strides("so", s.out.strides)
+    mask = ""
+    if s.mask is not None:
+        p.ptr("mask", s.mask)
+        p.strides("sm", s.mask.strides)
+        mask = f"        s += {exprs.load(s.mask.dtype, 'mask[b * sm0 + i * sm1 + j * sm2]')};"
+    causal = (
+        "        if (j > i + (n - m)) break;  // keys are visited in order: the rest are masked too"
+        if s.causal
+        else ""
+    )
+    dt = s.q.dtype
+    values: dict[str, str | int] = {
+        "PARAMS": p.signature(),
+        "DVL": max(1, (dv + 31) // 32),
+        "T": exprs.storage_ctype(dt),
+        "CAUSAL": causal,
+        "MASK": mask,
+        "LOADQ": f"(float){exprs.load(dt, 'qrow[e * sq2]')}",
+        "LOADK": f"(float){exprs.load(dt, 'krow[e * sk2]')}",
+        "LOADV": f"(float){exprs.load(dt, 'vrow[c * sv2]')}",
+        "STORE": exprs.store(s.out.dtype, "acc[t] / l"),
+    }
+    kernel = make_kernel("attention", "attention", values, wide)
+    return KernelLaunch(
+        kernel, (blocks_for(b * m, BLOCK // 32), 1, 1), (BLOCK, 1, 1), 0, tuple(p.args)
+    )

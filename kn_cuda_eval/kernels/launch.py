@@ -1,0 +1,205 @@
+"""What a generated kernel is and how it is launched, plus the pieces every generator shares:
+parameter lists, coordinate decomposition, view offsets and program printing.
+
+Kernels read sizes and strides from their arguments, so one compiled kernel serves every step
+with the same structure (program, dtypes, rank, layout classes, index width): batch 1 and batch 8
+of a model, or the twelve layers of a transformer, share their kernels.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kn_cuda_eval.kernels import exprs
+from kn_cuda_eval.kernels.template import CodeWriter, fill, template
+from kn_cuda_eval.program import Bin, Const, Index, Load, Program, Sel, Un
+from kn_cuda_eval.view import StridedView
+from kn_graph.dtype import DType
+
+__all__ = [
+    "Arg",
+    "FloatArg",
+    "IntArg",
+    "Kernel",
+    "KernelLaunch",
+    "Layout",
+    "Params",
+    "PtrArg",
+    "blocks_for",
+    "classify",
+    "decompose",
+    "make_kernel",
+    "needs_64bit",
+    "offset_expr",
+    "print_program",
+]
+
+BLOCK = 256
+INT32_LIMIT = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """A compilable unit: `source` defines `extern "C" __global__ void name(...)`."""
+
+    name: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class PtrArg:
+    """A device pointer: arena base + `offset` bytes (bound by the executor)."""
+
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class IntArg:
+    value: int
+    bits: int  # 32 or 64
+
+
+@dataclass(frozen=True, slots=True)
+class FloatArg:
+    value: float
+
+
+Arg = PtrArg | IntArg | FloatArg
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLaunch:
+    kernel: Kernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    args: tuple[Arg, ...]
+
+
+def needs_64bit(count: int, views: Sequence[StridedView]) -> bool:
+    """64-bit indexing when the element count or any view's element offsets pass 2^31."""
+    return count > INT32_LIMIT or any(v.max_index() > INT32_LIMIT for v in views)
+
+
+def blocks_for(n: int, per_block: int = BLOCK) -> int:
+    """Grid size for a grid-stride loop over n items (capped; the loop covers the rest)."""
+    return max(1, min((n + per_block - 1) // per_block, 1 << 20))
+
+
+class Layout(enum.Enum):
+    """How a kernel addresses a view: DENSE reads element i, SCALAR element 0, STRIDED
+    computes Σ coordinate·stride (strides are arguments)."""
+
+    DENSE = "d"
+    SCALAR = "s"
+    STRIDED = "x"
+
+
+def classify(v: StridedView) -> Layout:
+    if v.is_dense():
+        return Layout.DENSE
+    if all(s == 0 or d == 1 for d, s in zip(v.shape, v.strides, strict=True)):
+        return Layout.SCALAR
+    return Layout.STRIDED
+
+
+class Params:
+    """The kernel's parameter list and the matching launch arguments, built together."""
+
+    def __init__(self, wide: bool) -> None:
+        self.wide = wide
+        self.decls: list[str] = []
+        self.args: list[Arg] = []
+
+    def idx(self, name: str, value: int) -> str:
+        self.decls.append(f"const kn_idx {name}")
+        self.args.append(IntArg(int(value), 64 if self.wide else 32))
+        return name
+
+    def ptr(self, name: str, v: StridedView, const: bool = True) -> str:
+        q = "const " if const else ""
+        self.decls.append(f"{q}{exprs.storage_ctype(v.dtype)}* __restrict__ {name}")
+        self.args.append(PtrArg(v.offset))
+        return name
+
+    def raw_ptr(self, name: str, ctype: str, offset: int) -> str:
+        self.decls.append(f"{ctype}* __restrict__ {name}")
+        self.args.append(PtrArg(offset))
+        return name
+
+    def float_(self, name: str, value: float) -> str:
+        self.decls.append(f"const float {name}")
+        self.args.append(FloatArg(float(value)))
+        return name
+
+    def strides(self, prefix: str, strides: Sequence[int]) -> list[str]:
+        return [self.idx(f"{prefix}_{a}", s) for a, s in enumerate(strides)]
+
+    def signature(self) -> str:
+        return ",\n    ".join(self.decls)
+
+
+def decompose(w: CodeWriter, index: str, dims: Sequence[str], prefix: str) -> list[str]:
+    """Row-major coordinates of linear `index` over `dims` (dims[0] is never read)."""
+    r = len(dims)
+    if r == 0:
+        return []
+    if r == 1:
+        w.line(f"const kn_idx {prefix}0 = {index};")
+        return [f"{prefix}0"]
+    w.line(f"kn_idx {prefix}rem = {index};")
+    for a in range(r - 1, 0, -1):
+        w.line(f"const kn_idx {prefix}{a} = {prefix}rem % {dims[a]}; {prefix}rem /= {dims[a]};")
+    w.line(f"const kn_idx {prefix}0 = {prefix}rem;")
+    return [f"{prefix}{a}" for a in range(r)]
+
+
+def offset_expr(coords: Sequence[str], strides: Sequence[str]) -> str:
+    terms = [f"{c} * {s}" for c, s in zip(coords, strides, strict=True)]
+    return " + ".join(terms) if terms else "0"
+
+
+def print_program(
+    w: CodeWriter,
+    prog: Program,
+    load_ref: Callable[[int], str],
+    index_ref: Callable[[int], str],
+    prefix: str = "v",
+) -> list[str]:
+    """Emit `const T vK = ...;` for every instruction; returns the value names."""
+    names: list[str] = []
+    dts: list[DType] = []
+    for k, ins in enumerate(prog.instrs):
+        match ins:
+            case Load(arg, dt):
+                e = exprs.load(dt, load_ref(arg))
+            case Index(arg, dt):
+                e = exprs.cast(f"({index_ref(arg)})", DType.I64, dt)
+            case Const(value, dt):
+                e = exprs.literal(value, dt)
+            case Un(op, x, dt):
+                e = exprs.unary(op, names[x], dts[x], dt)
+            case Bin(op, a, b, dt):
+                e = exprs.binary(op, names[a], names[b], dts[a], dt)
+            case Sel(c, a, b):
+                e = f"({names[c]} ? {names[a]} : {names[b]})"
+        name = f"{prefix}{k}"
+        w.line(f"const {exprs.compute_ctype(ins.dtype)} {name} = {e};")
+        names.append(name)
+        dts.append(ins.dtype)
+    return names
+
+
+def make_kernel(kind: str, tpl: str, values: dict[str, str | int], wide: bool) -> Kernel:
+    """Fill `templates/<tpl>.cu` (and the shared prelude); the name carries a hash of the
+    source, so equal structure gives the same kernel and different structure a different one."""
+    body_values = dict(values)
+    digest = hashlib.sha256(repr(sorted((k, str(v)) for k, v in body_values.items())).encode())
+    digest.update(f"{tpl}|{wide}".encode())
+    name = f"kn_{kind}_{digest.hexdigest()[:12]}"
+    prelude = fill(template("prelude"), {"NAME": name, "IDX": "long long" if wide else "int"})
+    source = fill(template(tpl), {**body_values, "PRELUDE": prelude, "NAME": name})
+    return Kernel(name, source)
