@@ -329,3 +329,47 @@ def test_chain_under_an_unfolded_constant_collapses_without_folding() -> None:
     o = optimize(g, only("fuse_affine"))
     assert op_counts(o)["add"] == 1 and op_counts(o)["mul"] == 2
     assert_same(g, o)
+
+
+def _random_chain(g: Graph, y: Value, rng: np.random.Generator, channels: int, spatial: int) -> Value:
+    """1-4 random per-channel or scalar Add/Sub/Mul/Div links, constants on either side."""
+    for _ in range(int(rng.integers(1, 5))):
+        shape = [channels] + [1] * spatial if rng.random() < 0.7 else []
+        c = g.constant((rng.uniform(0.5, 2.0, shape) * rng.choice([-1, 1], shape)).astype(g[y].dtype.np))
+        match int(rng.integers(0, 5)):
+            case 0:
+                y = g.add(y, c) if rng.random() < 0.5 else g.add(c, y)
+            case 1:
+                y = g.sub(y, c)
+            case 2:
+                y = g.sub(c, y)
+            case 3:
+                y = g.mul(y, c) if rng.random() < 0.5 else g.mul(c, y)
+            case _:
+                y = g.div(y, c)
+    return y
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_chains_around_random_convs(seed: int) -> None:
+    """Chains before and after 1-d/2-d/3-d convolutions with random padding, stride, groups and
+    dtype: the optimized graph always matches, and folding never leaves more ops than it found."""
+    rng = np.random.default_rng(seed)
+    nd = int(rng.integers(1, 4))
+    dtype = [DType.F32, DType.F64][seed % 2]
+    groups = int(rng.choice([1, 2]))
+    c_in, k = 2 * groups, 2 * groups
+    g = Graph()
+    x = g.input(Shape.of(B, c_in, *([5] * nd)), dtype, "x")
+    y = _random_chain(g, x, rng, c_in, nd)
+    w = g.constant(rng.standard_normal((k, c_in // groups, *([3] * nd))).astype(dtype.np))
+    pad = [int(rng.integers(0, 2))] * nd
+    y = g.conv(y, w, stride=[int(rng.integers(1, 3))] * nd, padding=pad, groups=groups)
+    y = _random_chain(g, y, rng, k, nd)
+    g.add_output(y, "y")
+    o = optimize(g, AFFINE)
+    counts, before = op_counts(o), op_counts(g)
+    assert counts["conv"] == 1
+    assert counts["mul"] + counts["div"] + counts["sub"] + counts["add"] <= 4
+    assert counts["mul"] + counts["add"] <= before["mul"] + before["add"] + before["sub"] + before["div"]
+    assert_same(g, o, {"B": 2}, rel=1e-5 if dtype is DType.F32 else 1e-12)
