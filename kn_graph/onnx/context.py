@@ -315,6 +315,12 @@ class NodeContext:
             return None if default is None else list(default)
         return [float(x) for x in a.floats]
 
+    def attr_strings(self, name: str, default: Sequence[str] | None = None) -> list[str] | None:
+        a = self._attr(name, onnx.AttributeProto.STRINGS)
+        if a is None:
+            return None if default is None else list(default)
+        return [x.decode(errors="replace") for x in a.strings]
+
     def attr_tensor(self, name: str) -> np.ndarray | None:
         a = self._attr(name, onnx.AttributeProto.TENSOR)
         if a is None:
