@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 from kn_graph.cpu import evaluate
-from kn_graph.errors import StaticInputRequiredError, UnsupportedOnnxError
+from kn_graph.errors import EvaluationError, StaticInputRequiredError, UnsupportedOnnxError
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import Gather
 from kn_graph.shape import Shape, Size
@@ -315,3 +315,19 @@ def test_slice_reversal_of_symbolic_axis() -> None:
     inits = {"s": i64(-1), "e": i64(-BIG), "a": i64(1), "t": i64(-1)}
     check([node("Slice", ["x", "s", "e", "a", "t"], ["y"])], {"x": X}, ["y"], inits=inits,
           dims={"x": [3, "seq", 5]}, more=[{"x": x7}])
+
+
+def test_pad_cropping_more_than_the_axis_is_refused() -> None:
+    m = make_model([node("Pad", ["x", "p"], ["y"])], {"x": X}, ["y"], inits={"p": i64(0, -3, 0, 0, -2, 0)})
+    with pytest.raises(UnsupportedOnnxError, match="crop more"):
+        load_onnx(m)
+
+
+@pytest.mark.parametrize("op", ["GatherElements", "GatherND"])
+def test_out_of_range_runtime_indices_raise_instead_of_reading_a_neighbour(op: str) -> None:
+    """Index 5 on an axis of 5 would alias the next row of the flattened data: it raises instead."""
+    idx = np.full((3, 4, 1), 5, np.int64) if op == "GatherElements" else np.array([[0, 1, 5]], np.int64)
+    m = make_model([node(op, ["x", "i"], ["y"], **({"axis": 2} if op == "GatherElements" else {}))],
+                   {"x": X, "i": idx}, ["y"])
+    with pytest.raises(EvaluationError, match="out of range"):
+        evaluate(load_onnx(m), [X, idx])

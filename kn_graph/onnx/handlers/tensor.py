@@ -169,17 +169,27 @@ def gather(ctx: NodeContext) -> Result:
     return _take_flat(ctx, x, axis, indices, out)
 
 
-def _linear(ctx: NodeContext, coords: Sequence[Value], dims: Sequence[Size]) -> Value:
-    """Σ coordᵢ·strideᵢ (row-major strides of `dims`) in i64: a flat index into those dims."""
+def _linear(ctx: NodeContext, coords: Sequence[Value], dims: Sequence[Size], checked: set[int]) -> Value:
+    """Σ coordᵢ·strideᵢ (row-major strides of `dims`) in i64: a flat index into those dims.
+
+    Coordinates whose position is in `checked` come from runtime indices: where any of them is out
+    of range the flat index is -1, so the Gather raises instead of reading a neighbouring row."""
     g = ctx.graph
     total: Value | None = None
+    bad: Value | None = None
     stride = Size(1)
-    for c, d in zip(reversed(coords), reversed(dims), strict=True):
+    for i in reversed(range(len(coords))):
+        c, d = coords[i], dims[i]
         term = g.mul(c, scalar_operand(ctx, stride, DType.I64))
         total = term if total is None else g.add(total, term)
         stride = stride * d
-    assert total is not None
-    return total
+        if i in checked:
+            out = g.binary(BinaryOp.OR, g.binary(BinaryOp.LT, c, 0),
+                           g.binary(BinaryOp.GE, c, scalar_operand(ctx, d, DType.I64)))
+            bad = out if bad is None else g.binary(BinaryOp.OR, bad, out)
+    if total is None:
+        ctx.unsupported("no index coordinates")
+    return total if bad is None else g.select(bad, -1, total)
 
 
 @onnx_op("GatherElements")
@@ -203,7 +213,7 @@ def gather_elements(ctx: NodeContext) -> Result:
         return _take_flat(ctx, x, 0, g.constant(flat.astype(np.int64)), idx_shape)
     along = _wrap_runtime(ctx, ctx.input(1), shape[axis])
     coords = [along if i == axis else g.iota(idx_shape, i) for i in range(shape.rank)]
-    flat = g.view(_linear(ctx, coords, list(shape)), Shape.of(idx_shape.size()))
+    flat = g.view(_linear(ctx, coords, list(shape), {axis}), Shape.of(idx_shape.size()))
     return _take_flat(ctx, x, 0, flat, idx_shape)
 
 
@@ -234,7 +244,7 @@ def gather_nd(ctx: NodeContext) -> Result:
     for j in range(k):
         comp = g.view(g.slice_raw(iv, -1, j, 1, 1), prefix)
         coords.append(_wrap_runtime(ctx, comp, shape[b + j]))
-    flat = g.view(_linear(ctx, coords, list(lead)), Shape.of(prefix.size()))
+    flat = g.view(_linear(ctx, coords, list(lead), set(range(b, b + k))), Shape.of(prefix.size()))
     return _take_flat(ctx, rows, 0, flat, out)
 
 
@@ -306,6 +316,10 @@ def pad(ctx: NodeContext) -> Result:
     per_axis = [(0, 0)] * rank
     for i, a in enumerate(axes):
         per_axis[axis_of(ctx, a, rank)] = (pads[i], pads[i + len(axes)])
+    shape = ctx.input_shape(0)
+    for axis, (before, after) in enumerate(per_axis):
+        if shape[axis].is_fixed and shape[axis].factor + before + after < 0:
+            ctx.unsupported(f"pads {before, after} crop more than the {shape[axis]} elements of axis {axis}")
     value = _pad_value(ctx, ctx.input_dtype(0))
     return ctx.graph.pad(ctx.input(0), per_axis, mode, value)  # type: ignore[arg-type]
 
