@@ -2,9 +2,9 @@
 
 A short loop over values in index (= topological) order; each value is freed after its last use.
 
->>> from kn_graph import Graph, DType, Shape
+>>> from kn_graph import Graph, DType, Shape, Size
 >>> g = Graph()
->>> x = g.input(Shape.of("B" and 2, 3), DType.F32, "x")
+>>> x = g.input(Shape.of(Size.sym("B"), 3), DType.F32, "x")
 >>> g.add_output(g.reduce(g.mul(x, 2.0), [1], ReduceOp.SUM), "y")
 >>> evaluate(g, [np.ones((2, 3), np.float32)])[0]
 array([6., 6.], dtype=float32)

@@ -346,6 +346,8 @@ class Graph(NNBuilders):
                     f"slice: start {start}, step {step}, length {length} out of range for axis "
                     f"{axis} of size {dim}"
                 )
+        elif start.factor < 0:
+            raise GraphError(f"slice: negative start {start} on axis {axis} ({dim})")
         elif step < 0:
             raise GraphError(f"slice: negative step on symbolic axis {axis} ({dim})")
         if length == Size(1):

@@ -34,6 +34,11 @@ def _axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
+def _check_pool_kind(kind: str) -> None:
+    if kind not in ("max", "avg"):
+        raise GraphError(f"pool: unknown kind '{kind}'; expected 'max' or 'avg'")
+
+
 class NNBuilders:
     """Mixed into `Graph`; every method builds from the graph's core builders."""
 
@@ -85,6 +90,8 @@ class NNBuilders:
         return x
 
     def gelu(self: Graph, x: Value, approximate: Literal["none", "tanh"] = "none") -> Value:
+        if approximate not in ("none", "tanh"):
+            raise GraphError(f"gelu: unknown approximation '{approximate}'; expected 'none' or 'tanh'")
         return self.unary(UnaryOp.GELU_TANH if approximate == "tanh" else UnaryOp.GELU, x)
 
     def silu(self: Graph, x: Value) -> Value:
@@ -248,6 +255,7 @@ class NNBuilders:
         input combined with max/add (one fused elementwise kernel on a GPU)."""
         info = self[x]
         nd = len(kernel)
+        _check_pool_kind(kind)
         if nd == 0 or nd > info.rank:
             raise GraphError(f"pool: kernel {list(kernel)} does not fit input {info.shape}")
         if kind == "avg" and not info.dtype.is_float:
@@ -303,6 +311,7 @@ class NNBuilders:
         return self.mul(acc, self.constant((1.0 / np.maximum(counts, 1)).astype(info.dtype.np)))
 
     def global_pool(self: Graph, x: Value, kind: Literal["max", "avg"], first_axis: int = 2) -> Value:
+        _check_pool_kind(kind)
         axes = list(range(first_axis, self[x].rank))
         return self.reduce(x, axes, ReduceOp.MAX if kind == "max" else ReduceOp.MEAN, keepdims=True)
 
@@ -319,7 +328,7 @@ class NNBuilders:
     ) -> Value:
         """Normalise over axes axis..rank-1 (merged into one), then scale and bias."""
         shape = self[x].shape
-        axis = axis + shape.rank if axis < 0 else axis
+        axis = _axis(axis, shape.rank)
         if axis == shape.rank - 1:
             y = self.layernorm(x, axis, eps)
         else:

@@ -289,6 +289,8 @@ def infer_symbols(
                 continue
             sym, e = unknown[0]
             rest = d.factor * math.prod(bindings[s] ** x for s, x in d.terms if s != sym)
+            if rest == 0 and a == 0:
+                continue  # e.g. B*S with B = 0 says nothing about S: another dim may
             if rest == 0 or a % rest != 0 or (root := _integer_root(a // rest, e)) is None:
                 raise ShapeMismatchError(
                     f"{label}, axis {axis}: expected size {d}, found {a}, which no value of "

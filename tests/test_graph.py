@@ -894,3 +894,9 @@ def test_full_costs_one_element():
     assert g.shape(f) == Shape.of(B, 1000)
     src = g[g[f].op.x].op.x  # broadcast(view(const))
     assert isinstance(g[src].op, Constant) and g.const_value(src).size == 1
+
+
+def test_slice_raw_negative_start_on_symbolic_axis_raises():
+    g, x = graph_with([B])
+    with pytest.raises(GraphError, match=r"slice: negative start -1 on axis 0 \(B\)"):
+        g.slice_raw(x, 0, -1, 1, 1)

@@ -365,6 +365,27 @@ def test_pool_validation(shape, dtype, kw, match):
         g.pool(x, kind, **kw)
 
 
+@pytest.mark.parametrize("builder", ["pool", "global_pool"])
+def test_unknown_pool_kind_raises(builder):
+    g, x = graph_with([1, 1, 4])
+    args = (x, "min", (2,)) if builder == "pool" else (x, "min")
+    with pytest.raises(GraphError, match="pool: unknown kind 'min'; expected 'max' or 'avg'"):
+        getattr(g, builder)(*args)
+
+
+def test_unknown_gelu_approximation_raises():
+    g, x = graph_with([3])
+    with pytest.raises(GraphError, match="gelu: unknown approximation 'fast'"):
+        g.gelu(x, "fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("axis", [3, -4])
+def test_layer_norm_axis_out_of_range_raises(axis):
+    g, x = graph_with([2, 3, 4])
+    with pytest.raises(GraphError, match=f"axis {axis} out of range for rank 3"):
+        g.layer_norm(x, axis, 1e-5)
+
+
 @pytest.mark.parametrize("kind", ["max", "avg"])
 def test_global_pool(kind, rng):
     a = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)

@@ -293,3 +293,19 @@ def test_infer_large_power_is_exact():
     assert infer_symbols([Shape.of(B * B)], [(n * n,)]) == {"B": n}
     with pytest.raises(ShapeMismatchError):
         infer_symbols([Shape.of(B * B)], [(n * n + 1,)])
+
+
+def test_infer_zero_batch_defers_products_to_later_inputs():
+    # with B = 0 the first input says nothing about S; the second one does
+    got = infer_symbols([Shape.of(B, B * S), Shape.of(S)], [(0, 0), (5,)])
+    assert got == {"B": 0, "S": 5}
+
+
+def test_infer_zero_batch_with_nonzero_product_is_a_mismatch():
+    with pytest.raises(ShapeMismatchError, match=r"^x, axis 1: expected size B\*S, found 3"):
+        infer_symbols([Shape.of(B, B * S), Shape.of(S)], [(0, 3), (5,)], names=["x", "y"])
+
+
+def test_infer_zero_batch_leaves_a_product_only_symbol_undetermined():
+    with pytest.raises(ShapeMismatchError, match=r"cannot determine symbol\(s\) S of size B\*S"):
+        infer_symbols([Shape.of(B, B * S)], [(0, 0)], names=["x"])
