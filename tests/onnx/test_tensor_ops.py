@@ -331,3 +331,13 @@ def test_out_of_range_runtime_indices_raise_instead_of_reading_a_neighbour(op: s
                    {"x": X, "i": idx}, ["y"])
     with pytest.raises(EvaluationError, match="out of range"):
         evaluate(load_onnx(m), [X, idx])
+
+
+@pytest.mark.parametrize(("start", "end", "length"), [(-BIG, BIG, "seq"), (BIG, BIG, 0), (0, -BIG, 0)])
+def test_slice_infinite_bounds_on_symbolic_axis(start: int, end: int, length: int | str) -> None:
+    x7 = RNG.standard_normal((3, 7, 5)).astype(np.float32)
+    inits = {"s": i64(start), "e": i64(end), "a": i64(1)}
+    g = check([node("Slice", ["x", "s", "e", "a"], ["y"])], {"x": X}, ["y"], inits=inits,
+              dims={"x": [3, "seq", 5]}, more=[{"x": x7}])
+    want = Size.sym("seq") if length == "seq" else Size(length)
+    assert g[g.outputs[0]].shape == Shape.of(3, want, 5)

@@ -46,6 +46,10 @@ def _slice_axis(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, s
         return g.slice_raw(x, axis, first, step, length)
     if step < 0:
         return _reverse_symbolic(ctx, x, axis, start, end, step)
+    if start.is_fixed and start.factor <= -INT_BIG:  # "from minus infinity" clamps to the start
+        start = Size(0)
+    if (start.is_fixed and start.factor >= INT_BIG) or (end.is_fixed and end.factor <= -INT_BIG):
+        return g.slice_raw(x, axis, 0, 1, 0)
     to_end = end.is_fixed and end.factor >= INT_BIG
     if start.is_fixed and start.factor < 0 and (to_end or (end.is_fixed and end.factor < 0)):
         # both bounds count from the end of a symbolic axis: a fixed count at runtime offsets
