@@ -44,7 +44,7 @@ def attention_launch(s: st.Attention) -> KernelLaunch:
     if s.mask is not None:
         p.ptr("mask", s.mask)
         p.strides("sm", s.mask.strides)
-        mask = f"        s += {exprs.load(s.mask.dtype, 'mask[b * sm0 + i * sm1 + j * sm2]')};"
+        mask = f"        s += {exprs.load(s.mask.dtype, 'mask[b * sm_0 + i * sm_1 + j * sm_2]')};"
     causal = (
         "        if (j > i + (n - m)) break;  // keys are visited in order: the rest are masked too"
         if s.causal
@@ -57,9 +57,9 @@ def attention_launch(s: st.Attention) -> KernelLaunch:
         "T": exprs.storage_ctype(dt),
         "CAUSAL": causal,
         "MASK": mask,
-        "LOADQ": f"(float){exprs.load(dt, 'qrow[e * sq2]')}",
-        "LOADK": f"(float){exprs.load(dt, 'krow[e * sk2]')}",
-        "LOADV": f"(float){exprs.load(dt, 'vrow[c * sv2]')}",
+        "LOADQ": f"(float){exprs.load(dt, 'qrow[e * sq_2]')}",
+        "LOADK": f"(float){exprs.load(dt, 'krow[e * sk_2]')}",
+        "LOADV": f"(float){exprs.load(dt, 'vrow[c * sv_2]')}",
         "STORE": exprs.store(s.out.dtype, "acc[t] / l"),
     }
     kernel = make_kernel("attention", "attention", values, wide)

@@ -12,14 +12,14 @@ extern "C" __global__ void __launch_bounds__(256) $NAME$(
     if (row >= batch * m) return;  // whole warps leave together: row is uniform per warp
     const kn_idx b = row / m;
     const kn_idx i = row % m;
-    const $T$* qrow = q + b * sq0 + i * sq1;
+    const $T$* qrow = q + b * sq_0 + i * sq_1;
     float acc[DVL];
     for (int t = 0; t < DVL; ++t) acc[t] = 0.f;
     float mx = -KN_INF;
     float l = 0.f;
     for (kn_idx j = 0; j < n; ++j) {
 $CAUSAL$
-        const $T$* krow = k + b * sk0 + j * sk1;
+        const $T$* krow = k + b * sk_0 + j * sk_1;
         float dot = 0.f;
         for (kn_idx e = lane; e < d; e += 32) dot += $LOADQ$ * $LOADK$;
         float s = kn_warp_sum(dot) * scale;
@@ -29,7 +29,7 @@ $MASK$
         const float corr = (mx == -KN_INF) ? 0.f : expf(mx - mnew);
         const float pj = expf(s - mnew);
         l = l * corr + pj;
-        const $T$* vrow = v + b * sv0 + j * sv1;
+        const $T$* vrow = v + b * sv_0 + j * sv_1;
         for (int t = 0; t < DVL; ++t) {
             const kn_idx c = lane + 32 * t;
             const float vv = c < dv ? $LOADV$ : 0.f;
@@ -39,6 +39,6 @@ $MASK$
     }
     for (int t = 0; t < DVL; ++t) {
         const kn_idx c = lane + 32 * t;
-        if (c < dv) out[b * so0 + i * so1 + c * so2] = $STORE$;
+        if (c < dv) out[b * so_0 + i * so_1 + c * so_2] = $STORE$;
     }
 }

@@ -1,5 +1,5 @@
 // Kyanite generated kernel: $NAME$ — helpers shared by every kernel.
-#include <cuda_fp16.h>
+$INCLUDES$
 
 #define KN_INF __int_as_float(0x7f800000)
 
@@ -35,9 +35,7 @@ template <typename T> __device__ __forceinline__ T kn_shr(T a, T b) {
     return (b < 0 || b >= (T)(8 * sizeof(T))) ? (T)(a < 0 ? -1 : 0) : (T)(a >> b);
 }
 template <typename To, typename From> __device__ __forceinline__ To kn_bitcast(From x) {
-    To r;
-    __builtin_memcpy(&r, &x, sizeof(To));
-    return r;
+    return *reinterpret_cast<const To*>(&x);  // same size, checked by the planner
 }
 template <typename T> __device__ __forceinline__ T kn_warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
