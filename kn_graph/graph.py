@@ -168,6 +168,8 @@ class Graph(NNBuilders):
 
     # -- the one place values are created ---------------------------------------------------------
     def _push(self, shape: Shape, dtype: DType, op: Op, name: str = "") -> Value:
+        if not isinstance(dtype, DType):
+            raise GraphError(f"{op.NAME}: expected a DType, found {dtype!r}")
         for d in shape:
             if d.factor < 0:
                 raise GraphError(f"{op.NAME}: negative size {d} in shape {shape}")

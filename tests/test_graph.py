@@ -900,3 +900,35 @@ def test_slice_raw_negative_start_on_symbolic_axis_raises():
     g, x = graph_with([B])
     with pytest.raises(GraphError, match=r"slice: negative start -1 on axis 0 \(B\)"):
         g.slice_raw(x, 0, -1, 1, 1)
+
+
+# -- dtypes -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", list(DType), ids=str)
+def test_dtype_round_trips_through_numpy(dtype):
+    assert DType.from_np(dtype.np) is dtype
+    assert dtype.size == np.dtype(dtype.np).itemsize
+    assert str(dtype) == dtype.value and repr(dtype) == f"DType.{dtype.name}"
+
+
+@pytest.mark.parametrize("dtype", list(DType), ids=str)
+def test_dtype_kinds_partition_the_types(dtype):
+    kinds = [dtype.is_float, dtype.is_int, dtype.is_bool]
+    assert sum(kinds) == 1
+    assert dtype.is_float == (dtype.np.kind == "f")
+    assert dtype.is_signed == (dtype.np.kind in "fi")
+
+
+def test_dtype_c_types():
+    assert [DType.F32.c, DType.F16.c, DType.I64.c, DType.U8.c, DType.BOOL.c] == [
+        "float", "half", "long long", "unsigned char", "bool",
+    ]
+
+
+@pytest.mark.parametrize("bad", [np.float32, "f32", None])
+def test_builders_refuse_a_dtype_that_is_not_a_dtype(bad):
+    g = Graph()
+    with pytest.raises(GraphError, match="expected a DType"):
+        g.input([3], bad)
+    x = g.input([3], DType.F32)
+    with pytest.raises(GraphError, match="expected a DType"):
+        g.cast(x, bad)
