@@ -171,3 +171,21 @@ def test_lp_normalization_zero_vector_stays_zero() -> None:
 
 def test_mean_variance_normalization() -> None:
     check_ort("MeanVarianceNormalization", {"x": rand(2, 3, 4, 5)}, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_norm_f16_input_with_f32_statistics() -> None:
+    c = 3
+    x = rand(2, c, 4).astype(np.float16)
+    s, b, m, v = rand(c), rand(c), rand(c), np.abs(rand(c)) + 0.5
+    want = (
+        (x.astype(np.float32) - m[:, None]) / np.sqrt(v[:, None] + 1e-5) * s[:, None] + b[:, None]
+    ).astype(np.float16)
+    check_numpy(
+        "BatchNormalization",
+        {"x": x},
+        [want],
+        inits={"s": s, "b": b, "m": m, "v": v},
+        opset=15,
+        rtol=2e-3,
+        atol=2e-3,
+    )
