@@ -59,7 +59,9 @@ def _one_plus(rw: Rewriter, v: Value, op: UnaryOp) -> Value | None:
         case Binary(a, b, BinaryOp.ADD):
             for one, f in ((a, b), (b, a)):
                 match g[f].op:
-                    case Unary(arg, u) if u is op and _const(rw, one) == 1.0 and g.is_hidden_with_uses(f, 1):
+                    case Unary(arg, u) if (
+                        u is op and _const(rw, one) == 1.0 and g.is_hidden_with_uses(f, 1)
+                    ):
                         return arg
     return None
 
@@ -159,7 +161,9 @@ def detect_gelu(rw: Rewriter, v: Value) -> Value | None:
             continue
         if (arg := _one_plus(rw, one_plus, UnaryOp.ERF)) is not None and _is_gelu_arg(rw, arg, x):
             return rw.new.gelu(rw.get(x))
-        if (arg := _one_plus(rw, one_plus, UnaryOp.TANH)) is not None and _is_gelu_tanh_arg(rw, arg, x):
+        if (arg := _one_plus(rw, one_plus, UnaryOp.TANH)) is not None and _is_gelu_tanh_arg(
+            rw, arg, x
+        ):
             return rw.new.gelu(rw.get(x), approximate="tanh")
     return None
 

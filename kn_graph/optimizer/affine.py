@@ -135,7 +135,9 @@ def _scale_filter(w: np.ndarray, s: np.ndarray) -> np.ndarray:
     return (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
 
 
-def _conv_with_pre_bias(rw: Rewriter, old_conv: Value) -> tuple[Value, Value, ConvDetails, np.ndarray] | None:
+def _conv_with_pre_bias(
+    rw: Rewriter, old_conv: Value
+) -> tuple[Value, Value, ConvDetails, np.ndarray] | None:
     """The new graph's form of an old convolution: (x, filter, details, bias) when it is a Conv
     with a constant filter, possibly followed by a constant Add (what `fold_affine_into_conv`
     builds); None otherwise."""
@@ -143,7 +145,9 @@ def _conv_with_pre_bias(rw: Rewriter, old_conv: Value) -> tuple[Value, Value, Co
     y = rw.get(old_conv)
     pre = np.zeros((1,) * g[y].rank)
     match g[y].op:
-        case Binary(c, b, BinaryOp.ADD) if isinstance(g[c].op, Conv) and (cb := compact(g, b)) is not None:
+        case Binary(c, b, BinaryOp.ADD) if (
+            isinstance(g[c].op, Conv) and (cb := compact(g, b)) is not None
+        ):
             pre, y = cb.astype(np.float64), c
     match g[y].op:
         case Conv(x, w, d) if g.const_value(w) is not None:
@@ -174,8 +178,12 @@ def fold_affine_into_conv(rw: Rewriter, v: Value) -> Value | None:
     c = cg * groups
     spatial = (1,) * (wa.ndim - 2)
     # input channel of filter entry [k, j] is (k // (K/G))·Cg + j
-    s = np.repeat(np.broadcast_to(aff.scale.reshape(-1), (c,)).reshape(groups, cg), k // groups, axis=0)
-    b = np.repeat(np.broadcast_to(aff.bias.reshape(-1), (c,)).reshape(groups, cg), k // groups, axis=0)
+    s = np.repeat(
+        np.broadcast_to(aff.scale.reshape(-1), (c,)).reshape(groups, cg), k // groups, axis=0
+    )
+    b = np.repeat(
+        np.broadcast_to(aff.bias.reshape(-1), (c,)).reshape(groups, cg), k // groups, axis=0
+    )
     w64 = wa.astype(np.float64)
     new_w = (w64 * s.reshape(s.shape + spatial)).astype(wa.dtype)
     new_b = (w64 * b.reshape(b.shape + spatial)).sum(axis=tuple(range(1, wa.ndim)))
@@ -202,12 +210,15 @@ def fuse_affine(rw: Rewriter, v: Value) -> Value | None:
         pre_bias = conv is not None and bool(np.any(conv[3] != 0))
         if conv is not None and _per_channel(aff.scale) and (aff.has_scale or pre_bias):
             x, w, d, pre = conv
-            g = rw.new
-            wa = g.const_value(w)
-            assert wa is not None
-            s = np.broadcast_to(aff.scale.reshape(-1), (wa.shape[0],))
-            y = g.conv(x, g.constant(_scale_filter(wa, s)), d.stride, d.padding, d.dilation, d.groups)
-            return _apply(rw, y, np.ones_like(aff.scale), pre * aff.scale + aff.bias)
+            bias = pre * aff.scale + aff.bias
+            if bias.size <= max(pre.size, aff.bias.size):  # a per-channel and a spatial bias: no
+                g = rw.new
+                wa = g.const_value(w)
+                assert wa is not None
+                s = np.broadcast_to(aff.scale.reshape(-1), (wa.shape[0],))
+                w_new = g.constant(_scale_filter(wa, s))
+                y = g.conv(x, w_new, d.stride, d.padding, d.dilation, d.groups)
+                return _apply(rw, y, np.ones_like(aff.scale), bias)
     if _is_canonical(aff.links):
         return None
     return _apply(rw, rw.get(base), aff.scale, aff.bias)

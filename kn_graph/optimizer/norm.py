@@ -25,14 +25,18 @@ from kn_graph.shape import Shape, Size
 __all__ = ["detect_layernorm"]
 
 
-def _keepdims_mean(rw: Rewriter, v: Value, hidden: list[Value]) -> tuple[Value, tuple[int, ...]] | None:
+def _keepdims_mean(
+    rw: Rewriter, v: Value, hidden: list[Value]
+) -> tuple[Value, tuple[int, ...]] | None:
     """`v` = View(Reduce MEAN(x, axes)) restoring the reduced axes as 1s: (x, axes)."""
     g = rw.old
     match g[v].op:
         case View(r):
             match g[r].op:
                 case Reduce(x, axes, ReduceOp.MEAN):
-                    kept = Shape(tuple(Size(1) if i in axes else d for i, d in enumerate(g[x].shape)))
+                    kept = Shape(
+                        tuple(Size(1) if i in axes else d for i, d in enumerate(g[x].shape))
+                    )
                     if g[v].shape == kept:
                         hidden.extend((v, r))
                         return x, axes
@@ -100,7 +104,9 @@ def _match(rw: Rewriter, v: Value) -> tuple[Value, tuple[int, ...], float] | Non
     sq, axes = got
     d_uses = 2
     match g[sq].op:
-        case Binary(d2, two, BinaryOp.POW) if d2 == d and approx(scalar(rw.new, rw.get(two)), 2.0, 0.0):
+        case Binary(d2, two, BinaryOp.POW) if d2 == d and approx(
+            scalar(rw.new, rw.get(two)), 2.0, 0.0
+        ):
             pass
         case Binary(d1, d2, BinaryOp.MUL) if d1 == d2 == d:
             d_uses = 3
@@ -144,5 +150,9 @@ def detect_layernorm(rw: Rewriter, v: Value) -> Value | None:
     if first == last:
         return g.layernorm(x, first, eps)
     shape = g[x].shape
-    merged = Shape(shape.dims[:first]) + Shape.of(Shape(shape.dims[first : last + 1]).size()) + Shape(shape.dims[last + 1 :])
+    merged = (
+        Shape(shape.dims[:first])
+        + Shape.of(Shape(shape.dims[first : last + 1]).size())
+        + Shape(shape.dims[last + 1 :])
+    )
     return g.view(g.layernorm(g.view(x, merged), first, eps), shape)

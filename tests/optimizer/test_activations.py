@@ -23,7 +23,9 @@ def gelu_erf(g: Graph, x: Value, order: str) -> Value:
         case "torchscript":  # ((x · (erf(x/√2) + 1)) · 0.5)
             return g.mul(g.mul(x, g.add(g.unary(UnaryOp.ERF, g.div(x, SQRT2)), 1.0)), 0.5)
         case "half_first":  # (x · 0.5) · (1 + erf(x · 1/√2))
-            return g.mul(g.mul(x, 0.5), g.add(1.0, g.unary(UnaryOp.ERF, g.mul(x, 0.7071067690849304))))
+            return g.mul(
+                g.mul(x, 0.5), g.add(1.0, g.unary(UnaryOp.ERF, g.mul(x, 0.7071067690849304)))
+            )
         case "half_left":  # 0.5 · (x · (1 + erf(x/√2)))
             return g.mul(0.5, g.mul(g.add(1.0, g.unary(UnaryOp.ERF, g.div(x, SQRT2))), x))
         case "half_inner":  # x · ((1 + erf(x/√2)) · 0.5)
@@ -169,5 +171,7 @@ def test_values_over_a_wide_range() -> None:
     g.add_output(gelu_erf(g, x, "torchscript"), "gelu")
     g.add_output(g.mul(x, g.unary(UnaryOp.SIGMOID, x)), "silu")
     o = optimize(g, ACT)
-    xs = np.array([[-1e4, -30, -3, -0.5, 0, 0.5, 3, 30], [1e4, np.nan, 1e-8, -1e-8, 7, -7, 2, -2]], np.float32)
+    xs = np.array(
+        [[-1e4, -30, -3, -0.5, 0, 0.5, 3, 30], [1e4, np.nan, 1e-8, -1e-8, 7, -7, 2, -2]], np.float32
+    )
     assert_same(g, o, inputs=[xs], rel=1e-6)

@@ -56,7 +56,9 @@ def test_per_channel_chain_keeps_compact_constants() -> None:
     """(x + [1,2,3])·2 + 0.5: an all-equal scale prints as one element, the bias stays [1,3]."""
     g = Graph()
     x = g.input(Shape.of(B, 3), DType.F32, "x")
-    y = g.mul(g.add(x, g.constant(np.array([1, 2, 3], np.float32))), g.constant(np.full(3, 2, np.float32)))
+    y = g.mul(
+        g.add(x, g.constant(np.array([1, 2, 3], np.float32))), g.constant(np.full(3, 2, np.float32))
+    )
     g.add_output(g.add(y, 0.5), "y")
     o = optimize(g, AFFINE)
     assert str(o) == _lines(
@@ -151,7 +153,9 @@ def test_batchnorm_after_conv_folds_into_filter_and_one_add() -> None:
     )
     w = next(g.const_value(v) for v in g.values() if g[v].shape == Shape.of(2, 2, 3, 3))
     w_new = o.const_value(next(v for v in o.values() if o[v].shape == Shape.of(2, 2, 3, 3)))
-    np.testing.assert_allclose(w_new, w * np.array([1.5, 10.0], np.float32)[:, None, None, None], rtol=1e-6)
+    np.testing.assert_allclose(
+        w_new, w * np.array([1.5, 10.0], np.float32)[:, None, None, None], rtol=1e-6
+    )
     assert_same(g, o, {"B": 2})
 
 
@@ -252,7 +256,14 @@ def test_affine_on_both_sides_of_a_conv() -> None:
     y = g.div(g.sub(y, _channel(g, [1.0, 2.0, 3.0])), _channel(g, [2.0, 4.0, 8.0]))
     g.add_output(g.add(g.mul(y, _channel(g, [3.0, 5.0, 7.0])), 1.0), "y")
     o = optimize(g, AFFINE)
-    assert sorted(op_counts(o).elements()) == ["add", "broadcast", "const", "const", "conv", "input"]
+    assert sorted(op_counts(o).elements()) == [
+        "add",
+        "broadcast",
+        "const",
+        "const",
+        "conv",
+        "input",
+    ]
     assert_same(g, o, {"B": 2})
 
 
@@ -331,11 +342,15 @@ def test_chain_under_an_unfolded_constant_collapses_without_folding() -> None:
     assert_same(g, o)
 
 
-def _random_chain(g: Graph, y: Value, rng: np.random.Generator, channels: int, spatial: int) -> Value:
+def _random_chain(
+    g: Graph, y: Value, rng: np.random.Generator, channels: int, spatial: int
+) -> Value:
     """1-4 random per-channel or scalar Add/Sub/Mul/Div links, constants on either side."""
     for _ in range(int(rng.integers(1, 5))):
         shape = [channels] + [1] * spatial if rng.random() < 0.7 else []
-        c = g.constant((rng.uniform(0.5, 2.0, shape) * rng.choice([-1, 1], shape)).astype(g[y].dtype.np))
+        c = g.constant(
+            (rng.uniform(0.5, 2.0, shape) * rng.choice([-1, 1], shape)).astype(g[y].dtype.np)
+        )
         match int(rng.integers(0, 5)):
             case 0:
                 y = g.add(y, c) if rng.random() < 0.5 else g.add(c, y)
@@ -371,5 +386,8 @@ def test_random_chains_around_random_convs(seed: int) -> None:
     counts, before = op_counts(o), op_counts(g)
     assert counts["conv"] == 1
     assert counts["mul"] + counts["div"] + counts["sub"] + counts["add"] <= 4
-    assert counts["mul"] + counts["add"] <= before["mul"] + before["add"] + before["sub"] + before["div"]
+    assert (
+        counts["mul"] + counts["add"]
+        <= before["mul"] + before["add"] + before["sub"] + before["div"]
+    )
     assert_same(g, o, {"B": 2}, rel=1e-5 if dtype is DType.F32 else 1e-12)

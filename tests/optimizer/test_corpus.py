@@ -50,8 +50,12 @@ def test_optimized_fixture_matches_unoptimized_and_onnxruntime(name: str) -> Non
             scale = float(np.max(np.abs(ref))) or 1.0
             vs_ref = float(np.max(np.abs(got.astype(np.float64) - ref))) / scale
             vs_plain = float(np.max(np.abs(got.astype(np.float64) - want))) / scale
-            assert vs_ref <= REL_TOL, f"{name} data set {k} output {out}: {vs_ref:.3g} from onnxruntime"
-            assert vs_plain <= REL_TOL, f"{name} data set {k} output {out}: {vs_plain:.3g} from unoptimized"
+            assert vs_ref <= REL_TOL, (
+                f"{name} data set {k} output {out}: {vs_ref:.3g} from onnxruntime"
+            )
+            assert vs_plain <= REL_TOL, (
+                f"{name} data set {k} output {out}: {vs_plain:.3g} from unoptimized"
+            )
 
 
 def _is_constant(g: Graph, v: Value) -> bool:
@@ -119,7 +123,9 @@ def test_every_bert_layernorm_is_detected() -> None:
     assert counts["reduce_mean"] == 0 and counts["sqrt"] == 0 and counts["pow"] == 0
 
 
-@pytest.mark.parametrize("name", ["bert_ts", "bert_ts_opset14", "bert_dynamo", "gpt2_ts", "gpt2_dynamo"])
+@pytest.mark.parametrize(
+    "name", ["bert_ts", "bert_ts_opset14", "bert_dynamo", "gpt2_ts", "gpt2_dynamo"]
+)
 def test_every_gelu_is_detected(name: str) -> None:
     counts = op_counts(_graphs(name)[1])
     assert counts["erf"] == 0
@@ -128,7 +134,9 @@ def test_every_gelu_is_detected(name: str) -> None:
         assert counts["tanh"] == 0
 
 
-@pytest.mark.parametrize("name", ["llama_ts", "llama_dynamo", "sd_unet_tiny", "sd_vae_decoder_tiny"])
+@pytest.mark.parametrize(
+    "name", ["llama_ts", "llama_dynamo", "sd_unet_tiny", "sd_vae_decoder_tiny"]
+)
 def test_every_silu_is_detected(name: str) -> None:
     counts = op_counts(_graphs(name)[1])
     assert counts["sigmoid"] == 0 and counts["silu"] > 0

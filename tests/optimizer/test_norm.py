@@ -23,7 +23,9 @@ def _mean(g: Graph, x: Value, axes: Sequence[int]) -> Value:
     return g.reduce(x, list(axes), ReduceOp.MEAN, keepdims=True)
 
 
-def layernorm_arith(g: Graph, x: Value, style: str = "div", axes: Sequence[int] = (-1,), eps: float = 1e-5) -> Value:
+def layernorm_arith(
+    g: Graph, x: Value, style: str = "div", axes: Sequence[int] = (-1,), eps: float = 1e-5
+) -> Value:
     """(x - mean) / sqrt(var + eps) spelled the ways exporters spell it."""
     d = g.sub(x, _mean(g, x, axes))
     sq = g.mul(d, d) if style == "mul_dd" else g.pow(d, 2.0)
@@ -69,7 +71,9 @@ def test_torchscript_layernorm_becomes_one_op_and_keeps_its_affine() -> None:
     assert_same(g, o, {"B": 2, "seq": 5})
 
 
-@pytest.mark.parametrize("style", ["div", "mul_dd", "eps_first", "reciprocal", "one_over", "rsqrt_pow"])
+@pytest.mark.parametrize(
+    "style", ["div", "mul_dd", "eps_first", "reciprocal", "one_over", "rsqrt_pow"]
+)
 def test_exporter_variants_are_detected(style: str) -> None:
     g = Graph()
     x = g.input(Shape.of(B, 6), DType.F32, "x")
