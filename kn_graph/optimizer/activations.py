@@ -7,10 +7,12 @@ Recognised, in any order of the product and of commutative operands:
     0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))        (x³ = pow(x, 3) or x·x·x) -> gelu_tanh
     x · sigmoid(x)                                                                  -> silu
 
-    %2: f32[B,8] = div(%0, %1)
-    %3: f32[B,8] = erf(%2)                   ──▶   %1: f32[B,8] = gelu(%0)
-    ...
-    %9: f32[B,8] = mul(%7, %8)
+    %0: f32[B,8] = input #0 "x"              %0: f32[B,8] = input #0 "x"
+    %4: f32[B,8] = div(%0, %3)       ──▶     %1: f32[B,8] = gelu(%0)
+    %5: f32[B,8] = erf(%4)
+    %9: f32[B,8] = add(%5, %8)
+    %10: f32[B,8] = mul(%0, %9)
+    %14: f32[B,8] = mul(%10, %13)   (constants, views and broadcasts omitted)
 """
 
 from __future__ import annotations

@@ -7,10 +7,14 @@ After a convolution, y = conv(x, w)·s + b with s per output channel is conv(x, 
 Before it, conv(x·s + b, w) = conv(x, w·s) + Σ w·b only when there is no padding (the zeros the
 convolution pads with would otherwise become b); a pure scale (b = 0) folds whatever the padding.
 
-    %3: f32[B,8,6,6] = conv(%0, %1) s=1 p=0          %3: f32[B,8,6,6] = conv(%0, %2) s=1 p=0
-    %6: f32[B,8,6,6] = sub(%3, %5)           ──▶     %6: f32[B,8,6,6] = add(%3, %5)
-    %9: f32[B,8,6,6] = div(%6, %8)
-    ...
+((x + 1)·2 - 3)/4 (constants, views and broadcasts of the input side omitted):
+
+    %4: f32[B,4] = add(%0, %3)                %1: f32[1,1] = const [0.5]
+    %8: f32[B,4] = mul(%4, %7)        ──▶     %2: f32[B,4] = broadcast(%1)
+    %12: f32[B,4] = sub(%8, %11)              %3: f32[B,4] = mul(%0, %2)
+    %16: f32[B,4] = div(%12, %15)             %4: f32[1,1] = const [-0.25]
+                                              %5: f32[B,4] = broadcast(%4)
+                                              %6: f32[B,4] = add(%3, %5)
 """
 
 from __future__ import annotations

@@ -5,9 +5,14 @@ Any such chain equals max(min(x, hi), lo): applying min(·, a) to it gives hi' =
 lo' = min(lo, a); applying max(·, b) gives lo' = max(lo, b) (lattice distributivity), and when
 lo > hi the form correctly yields the constant lo.
 
-    %4: f32[B,8] = max(%0, %3)                 %4: f32[B,8] = min(%0, %3)
-    %7: f32[B,8] = min(%4, %6)        ──▶      %7: f32[B,8] = max(%4, %6)
-    %8: f32[B,8] = max(%7, %3)
+relu then Clip(0, 6) (constants, views and broadcasts omitted on the left):
+
+    %4: f32[8] = max(%0, %3)                 %1: f32[1] = const [0.0]
+    %8: f32[8] = min(%4, %7)        ──▶      %2: f32[1] = const [6.0]
+    %9: f32[8] = max(%8, %3)                 %3: f32[8] = broadcast(%2)
+                                             %4: f32[8] = min(%0, %3)
+                                             %5: f32[8] = broadcast(%1)
+                                             %6: f32[8] = max(%4, %5)
 """
 
 from __future__ import annotations

@@ -6,11 +6,15 @@ broadcast scalars gives one broadcast scalar, never a materialised [B, 4096] arr
 computed on their full operands, and only when the result is not much larger than its inputs
 (`settings.fold_max_growth`): a Broadcast of a constant always stays a Broadcast.
 
+x + 2·3 over [4]:
+
+    %0: f32[4] = input #0 "x"          %0: f32[4] = input #0 "x"
     %1: f32[] = const 2.0        ──▶   %1: f32[1] = const [6.0]
     %2: f32[1] = view(%1)              %2: f32[4] = broadcast(%1)
     %3: f32[4] = broadcast(%2)         %3: f32[4] = add(%0, %2)
     %4: f32[] = const 3.0
-    ...
+    %5: f32[1] = view(%4)
+    %6: f32[4] = broadcast(%5)
     %7: f32[4] = mul(%3, %6)
     %8: f32[4] = add(%0, %7)
 """

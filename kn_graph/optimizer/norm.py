@@ -10,9 +10,15 @@ Recognised (ONNX ReduceMean lowers to Reduce MEAN plus a keepdims View; Sub/Div 
 Every intermediate value must be hidden with exactly the uses the pattern makes of it, so no
 work another user needs is duplicated.
 
-    %2: f32[B,8] = reduce_mean(%0) axes=[1]
-    ...                                          ──▶   %1: f32[B,8] = layernorm(%0) axis=1 eps=1e-05
-    %16: f32[B,8] = div(%4, %15)
+    %0: f32[B,8] = input #0 "x"                 %0: f32[B,8] = input #0 "x"
+    %1: f32[B] = reduce_mean(%0) axes=[1]  ──▶   %1: f32[B,8] = layernorm(%0) axis=1 eps=1e-05
+    %2: f32[B,1] = view(%1)
+    %3: f32[B,8] = broadcast(%2)
+    %4: f32[B,8] = sub(%0, %3)
+    ... (pow 2, reduce_mean, view, add eps)
+    %15: f32[B,1] = sqrt(%14)
+    %16: f32[B,8] = broadcast(%15)
+    %17: f32[B,8] = div(%4, %16)
 """
 
 from __future__ import annotations
