@@ -166,3 +166,36 @@ def test_rotary_embedding_3d_without_position_ids() -> None:
     check_numpy(
         "RotaryEmbedding", {"x": x, "cos": cos, "sin": sin}, [want], {"num_heads": 3}, opset=23
     )
+
+
+# -- LinearAttention ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("rule", "hq", "decay_width", "beta_width"),
+    [("linear", 4, 0, 0), ("gated", 4, 2, 0), ("delta", 2, 0, 2), ("gated_delta", 4, 16, 1)],
+)
+def test_linear_attention_rules(rule: str, hq: int, decay_width: int, beta_width: int) -> None:
+    hkv, d, steps = 2, 8, 3
+    feed = {
+        "q": rand(2, steps, hq * d),
+        "k": rand(2, steps, hkv * d) * 0.3,
+        "v": rand(2, steps, hkv * d),
+        "past": rand(2, hkv, d, d),
+    }
+    order = ["q", "k", "v", "past", "", ""]
+    if decay_width:
+        feed["decay"] = -np.abs(rand(2, steps, decay_width))
+        order[4] = "decay"
+    if beta_width:
+        feed["beta"] = np.abs(rand(2, steps, beta_width))
+        order[5] = "beta"
+    attrs = {"update_rule": rule, "q_num_heads": hq, "kv_num_heads": hkv}
+    check_reference(
+        "LinearAttention",
+        feed,
+        attrs,
+        order=order,
+        outputs=("y", "state"),
+        opset=27,
+        rtol=1e-4,
+        atol=1e-5,
+    )

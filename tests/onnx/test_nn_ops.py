@@ -9,7 +9,7 @@ import pytest
 from kn_graph.errors import UnsupportedOnnxError
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import Conv
-from tests.onnx.nn_helpers import check_numpy, check_ort, node_model, ours, rand
+from tests.onnx.nn_helpers import check_numpy, check_ort, check_reference, node_model, ours, rand
 
 
 # -- Conv --------------------------------------------------------------------------------------------
@@ -179,3 +179,24 @@ def test_einsum_bad_equation_is_refused() -> None:
     model = node_model("Einsum", {"a": rand(2, 3)}, {"equation": "ijk->i"})
     with pytest.raises(UnsupportedOnnxError):
         load_onnx(model)
+
+
+# -- CausalConvWithState ----------------------------------------------------------------------------
+@pytest.mark.parametrize("past", [False, True])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_causal_conv_with_state(past: bool, activation: str) -> None:
+    feed = {"x": rand(2, 3, 6)}
+    inits = {"w": rand(3, 1, 4), "b": rand(3)}
+    order = ["x", "w", "b"]
+    if past:
+        feed["past"] = rand(2, 3, 3)
+        order.append("past")
+    check_reference(
+        "CausalConvWithState",
+        feed,
+        {"activation": activation},
+        inits=inits,
+        order=order,
+        outputs=("y", "state"),
+        opset=27,
+    )

@@ -166,3 +166,34 @@ def conv_transpose(ctx: NodeContext) -> Result:
     x = g.pad(x, [(0, 0), (0, 0), *full])
     y = g.conv(x, _transposed_filter(ctx, w, groups), None, None, dilations, groups)
     return _add_bias(ctx, y, 2)
+
+
+@onnx_op("CausalConvWithState")
+def causal_conv_with_state(ctx: NodeContext) -> list[Result | None]:
+    """A depthwise causal 1-d convolution continuing a stream: the past state (or zeros) is
+    prepended, the last k-1 positions become the present state; optional SiLU."""
+    g = ctx.graph
+    x, w = ctx.input(0), ctx.input(1)
+    xs, ws = g.shape(x), g.shape(w)
+    if xs.rank != 3 or ws.rank != 3 or ws[0] != xs[1] or ws[1] != Size(1):
+        ctx.unsupported(
+            f"expected input [B, C, L] and a depthwise weight [C, 1, k], found {xs} and {ws}"
+        )
+    channels = xs[1].as_int("CausalConvWithState channels")
+    k = ws[2].as_int("CausalConvWithState kernel size")
+    activation = ctx.attr_str("activation", "none")
+    if activation not in ("none", "silu", "swish"):
+        ctx.unsupported(f"activation '{activation}'")
+    if ctx.has_input(3):
+        past = ctx.input(3)
+        if g.shape(past) != Shape.of(xs[0], xs[1], k - 1):
+            ctx.unsupported(f"past_state {g.shape(past)} must be [{xs[0]}, {xs[1]}, {k - 1}]")
+        padded = g.concat([past, x], 2)
+    else:
+        padded = g.pad(x, [(0, 0), (0, 0), (k - 1, 0)])
+    y = _add_bias(ctx, g.conv(padded, w, groups=channels), 2)
+    if activation != "none":
+        y = g.silu(y)
+    length = g.shape(padded)[2]
+    present = g.slice_raw(padded, 2, length - (k - 1), 1, k - 1)
+    return [y, present]
