@@ -135,6 +135,10 @@ def _legend() -> str:
     )
 
 
+_BIG = 300
+"""Visible values above which the layout is bounded (see graph_to_dot)."""
+
+
 def graph_to_dot(
     graph: Graph,
     *,
@@ -193,6 +197,10 @@ def graph_to_dot(
         for x in op.inputs:
             if not hidden[x.index]:
                 lines.append(f"  v{x.index} -> v{v.index};")
+    if sum(not h for h in hidden) > _BIG:
+        # dot's crossing minimisation and network simplex grow much faster than linearly; on a
+        # UNet-sized graph the defaults take minutes, these limits a few seconds
+        lines.insert(3, "  graph [mclimit=0.1, nslimit=2, nslimit1=2];")
     lines.append(_legend())
     lines.append("}")
     return "\n".join(lines) + "\n"
