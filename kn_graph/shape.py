@@ -34,6 +34,10 @@ class Size:
 
     @staticmethod
     def sym(name: str, exp: int = 1) -> Size:
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"a size symbol must be a non-empty str, found {name!r}")
+        if isinstance(exp, bool) or not isinstance(exp, int) or exp < 1:
+            raise GraphError(f"the exponent of size symbol '{name}' must be a positive int, found {exp!r}")
         return Size(1, ((name, exp),))
 
     @staticmethod

@@ -309,3 +309,15 @@ def test_infer_zero_batch_with_nonzero_product_is_a_mismatch():
 def test_infer_zero_batch_leaves_a_product_only_symbol_undetermined():
     with pytest.raises(ShapeMismatchError, match=r"cannot determine symbol\(s\) S of size B\*S"):
         infer_symbols([Shape.of(B, B * S)], [(0, 0)], names=["x"])
+
+
+@pytest.mark.parametrize("bad", [b"\x80atch", "", 3, None])
+def test_symbol_names_must_be_non_empty_strings(bad):
+    with pytest.raises(GraphError, match="a size symbol must be a non-empty str"):
+        Size.sym(bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_symbol_exponents_must_be_positive(bad):
+    with pytest.raises(GraphError, match="exponent"):
+        Size.sym("B", bad)
