@@ -63,10 +63,10 @@ def lower_bound(sizes: Sequence[int], ranges: Sequence[tuple[int, int]], n_steps
 
 
 def _greedy(
-    order: Sequence[int], sizes: Sequence[int], first: np.ndarray, last: np.ndarray
+    order: Sequence[int], sizes: Sequence[int], first: np.ndarray, last: np.ndarray, best_fit: bool
 ) -> tuple[list[int], int]:
-    """Place buffers in `order`, each at the lowest aligned offset where it overlaps no already
-    placed buffer whose live range intersects its own (best fit among the gaps)."""
+    """Place buffers in `order`, each in a gap between already placed buffers whose live ranges
+    intersect its own: the lowest such gap (first fit) or the smallest (best fit); else on top."""
     n = len(sizes)
     offsets = [0] * n
     placed = np.zeros(n, dtype=bool)
@@ -92,6 +92,8 @@ def _greedy(
             for lo, hi in zip(o.tolist(), e.tolist(), strict=True):
                 if lo - cur >= size and (best_gap is None or lo - cur < best_gap):
                     best, best_gap = cur, lo - cur
+                    if not best_fit:
+                        break
                 cur = max(cur, hi)
             if best is None:
                 best = cur
@@ -107,8 +109,9 @@ def _greedy(
 
 def pack(sizes: Sequence[int], ranges: Sequence[tuple[int, int]]) -> tuple[list[int], int]:
     """Offsets (relative to the workspace) and the workspace size for buffers with the given sizes
-    and inclusive live ranges. Tries a few greedy orders (by size, by lifetime·size, by start)
-    and keeps the smallest peak; each is O(n·k) for k buffers live at once."""
+    and inclusive live ranges. Tries a few greedy orders (by size, by start, by size·lifetime, by
+    lifetime), each with best-fit and first-fit gaps, and keeps the smallest peak; each pass is
+    O(n·k) for k buffers live at once."""
     n = len(sizes)
     if n == 0:
         return [], 0
@@ -116,15 +119,17 @@ def pack(sizes: Sequence[int], ranges: Sequence[tuple[int, int]]) -> tuple[list[
     last = np.array([b for _, b in ranges], dtype=np.int64)
     length = last - first + 1
     orders = [
-        sorted(range(n), key=lambda i: (-align(sizes[i]), first[i], i)),
-        sorted(range(n), key=lambda i: (-align(sizes[i]) * int(length[i]), i)),
-        sorted(range(n), key=lambda i: (-int(length[i]), -align(sizes[i]), i)),
+        sorted(range(n), key=lambda i: (-align(sizes[i]), first[i], i)),  # greedy by size
+        sorted(range(n), key=lambda i: (first[i], -align(sizes[i]), i)),  # by start (linear scan)
+        sorted(range(n), key=lambda i: (-align(sizes[i]) * int(length[i]), i)),  # by area
+        sorted(range(n), key=lambda i: (-int(length[i]), -align(sizes[i]), i)),  # by lifetime
     ]
     best: tuple[list[int], int] | None = None
     for order in orders:
-        got = _greedy(order, sizes, first, last)
-        if best is None or got[1] < best[1]:
-            best = got
+        for best_fit in (True, False):
+            got = _greedy(order, sizes, first, last, best_fit)
+            if best is None or got[1] < best[1]:
+                best = got
     assert best is not None
     return best
 

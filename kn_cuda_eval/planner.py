@@ -112,15 +112,17 @@ def _combine(
     in_ids: dict[StridedView, int] = {}
     ix_ids: dict[StridedView, int] = {}
     roots: list[int] = []
+
+    def intern(v: StridedView, ids: dict[StridedView, int], out: list[StridedView]) -> int:
+        k = ids.get(v)
+        if k is None:
+            k = ids[v] = len(out)
+            out.append(v)
+        return k
+
     for e in exprs:
-        lm = [in_ids.setdefault(v, len(in_ids)) for v in e.inputs]
-        for v in e.inputs:
-            if len(inputs) < len(in_ids):
-                inputs.append(v)
-        im = [ix_ids.setdefault(v, len(ix_ids)) for v in e.indices]
-        for v in e.indices:
-            if len(indices) < len(ix_ids):
-                indices.append(v)
+        lm = [intern(v, in_ids, inputs) for v in e.inputs]
+        im = [intern(v, ix_ids, indices) for v in e.indices]
         ids = pb.splice(e.program, lm, im)
         roots.append(ids[e.program.roots[0]])
     root = op(pb, roots)
@@ -591,6 +593,8 @@ class _Planner:
                 if not self.hidden_single_use(cur):
                     break
                 u = self.users[cur][0]
+                if u in self.absorbed or u in self.deferred:  # another conv's chain has it
+                    break
                 op = self.g[self.val(u)].op
                 if (
                     isinstance(op, Binary)

@@ -201,7 +201,14 @@ def make_kernel(kind: str, tpl: str, values: dict[str, str | int], wide: bool) -
     digest.update(f"{tpl}|{wide}".encode())
     name = f"kn_{kind}_{digest.hexdigest()[:12]}"
     uses_half = any("half" in str(v) for v in body_values.values())
-    includes = "#include <cuda_fp16.h>" if uses_half else "// no f16: cuda_fp16.h not needed (it doubles compile time)"
-    prelude = fill(template("prelude"), {"NAME": name, "IDX": "long long" if wide else "int", "INCLUDES": includes})
+    includes = (
+        "#include <cuda_fp16.h>"
+        if uses_half
+        else "// no f16: cuda_fp16.h not needed (it doubles compile time)"
+    )
+    prelude = fill(
+        template("prelude"),
+        {"NAME": name, "IDX": "long long" if wide else "int", "INCLUDES": includes},
+    )
     source = fill(template(tpl), {**body_values, "PRELUDE": prelude, "NAME": name})
     return Kernel(name, source)

@@ -56,7 +56,11 @@ class _Row:
         p = self.p
         p.idx("rows", self.rows)
         p.idx("ncols", self.ncols)
-        self.odims = ["rows"] + [p.idx(f"od{a}", d) for a, d in enumerate(self.outer) if a > 0]
+        self.odims = (
+            ["rows"] + [p.idx(f"od{a}", d) for a, d in enumerate(self.outer) if a > 0]
+            if self.outer
+            else []
+        )
         self.rdims = ["ncols"] + [p.idx(f"rd{a}", d) for a, d in enumerate(self.rowdims) if a > 0]
         self.ins = []
         for k, v in enumerate(x.inputs):
