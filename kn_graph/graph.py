@@ -126,6 +126,8 @@ class Graph(NNBuilders):
             raise GraphError(f"expected a Value, found {type(v).__name__} {v!r}")
         if v.graph_id != self.id:
             raise GraphError(f"value {v} belongs to another graph")
+        if not 0 <= v.index < len(self._infos):
+            raise GraphError(f"value {v} does not exist in this graph of {len(self._infos)} values")
         return v
 
     def __getitem__(self, v: Value) -> ValueInfo:

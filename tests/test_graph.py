@@ -10,7 +10,7 @@ import pytest
 import kn_graph.cpu
 import kn_graph.graph
 import kn_graph.shape
-from kn_graph import BinaryOp, DType, Graph, GraphError, ReduceOp, Shape, Size, UnaryOp
+from kn_graph import BinaryOp, DType, Graph, GraphError, ReduceOp, Shape, Size, UnaryOp, Value
 from kn_graph.graph import broadcast_shapes
 from kn_graph.ops import (
     Binary,
@@ -179,6 +179,13 @@ def test_value_of_another_graph_raises():
         g2.add_output(x1)
     with pytest.raises(GraphError, match="belongs to another graph"):
         g2.use_count(x1)
+
+
+@pytest.mark.parametrize("index", [-1, 1, 5])
+def test_forged_value_of_this_graph_raises(index):
+    g, _ = graph_with([3])
+    with pytest.raises(GraphError, match=f"value %{index} does not exist in this graph of 1 values"):
+        g[Value(index, g.id)]
 
 
 def test_non_value_operand_raises():
