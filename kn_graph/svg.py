@@ -46,6 +46,7 @@ from kn_graph.ops import (
     Softmax,
     Unary,
     UnaryOp,
+    Value,
     View,
 )
 from kn_graph.shape import BATCH, Shape, Size
@@ -158,6 +159,7 @@ def graph_to_dot(
     for v, name in zip(graph.outputs, graph.output_names, strict=True):
         outputs.setdefault(v.index, []).append(name)
     hidden = [False] * len(graph)
+    root: dict[int, int] = {}  # hidden value -> the constant it shows
     lines = [
         "digraph kyanite {",
         "  rankdir=TB;",
@@ -173,6 +175,8 @@ def graph_to_dot(
                 hidden[x.index] for x in op.inputs
             )
             hidden[v.index] = isinstance(op, Constant) or shaped_const
+            if hidden[v.index]:
+                root[v.index] = v.index if isinstance(op, Constant) else root[op.inputs[0].index]
         if hidden[v.index]:
             continue
         head = f"{v} {_op_name(info)}"
@@ -182,8 +186,11 @@ def graph_to_dot(
             text.append(attrs)
         text.append(f"{info.dtype}{_fmt_shape(info.shape, bindings)}")
         consts = [x for x in op.inputs if hidden[x.index]]
-        for x in consts[:2]:  # what --hide-const left out, as the user sees it
-            text.append(f"+ const {graph[x].dtype}{_fmt_shape(graph[x].shape, bindings)}")
+        for x in consts[:2]:  # what --hide-const left out: the constant's value or its shape
+            c = graph[Value(root[x.index], graph.id)]
+            data = graph.const_value(Value(root[x.index], graph.id))
+            shown = f"{data.reshape(-1)[0].item()!r}" if data is not None and data.size == 1 else f"{c.dtype}{c.shape}"
+            text.append(f"+ const {shown}")
         if len(consts) > 2:
             text.append(f"+ {len(consts) - 2} more const")
         if info.debug_name and (show_names or isinstance(op, Input)):
