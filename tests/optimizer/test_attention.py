@@ -183,6 +183,8 @@ def heads_block(
             q = g.mul(q, scale)
         case "k":
             kt = g.mul(kt, scale)
+        case "k_early":  # K scaled before its transpose
+            kt = g.transpose(g.mul(k, scale))
         case "both":
             q, kt = g.mul(q, math.sqrt(scale)), g.mul(g.permute(k, (0, 1, 3, 2)), math.sqrt(scale))
         case "div":
@@ -242,7 +244,7 @@ def test_golden_multi_head_block():
     assert_same(g, opt, {"B": 2, "seq": 5})
 
 
-@pytest.mark.parametrize("scale_on", ["scores", "q", "k", "both", "div"])
+@pytest.mark.parametrize("scale_on", ["scores", "q", "k", "k_early", "both", "div"])
 def test_scale_anywhere_is_absorbed(scale_on):
     g = block_graph(scale_on=scale_on, scale=0.3)
     opt = optimize(g, only("detect_attention"))
