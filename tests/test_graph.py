@@ -25,13 +25,9 @@ from kn_graph.ops import (
     Unary,
     View,
 )
+from tests.conftest import graph_with
 
 B = Size.sym("B")
-
-
-def graph_with(shape, dtype=DType.F32):
-    g = Graph()
-    return g, g.input(Shape.from_seq(shape), dtype, "x")
 
 
 # -- doctests ---------------------------------------------------------------------------------------

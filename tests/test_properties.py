@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from kn_graph import DType, Graph, GraphError, Shape, ShapeMismatchError, Size, infer_symbols
+from kn_graph import DType, Graph, GraphError, Shape, ShapeMismatchError, Size, Value, infer_symbols
 from kn_graph.cpu import evaluate
 from kn_graph.graph import broadcast_shapes
 
@@ -354,3 +354,66 @@ def test_matmul_nd_matches_np_matmul(ba, bb, m, k, n, a_vec, b_vec, data):
     ref = np.matmul(a, b)
     assert out.shape == ref.shape
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+
+
+# -- random elementwise graphs, with constants chosen to trigger the identity rewrites ----------------
+ELEMENTWISE = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
+
+
+@st.composite
+def elementwise_programs(draw):
+    """Operands are the input, earlier results or constants (0, 1 and others, any broadcastable
+    shape); each step is a NumPy-checkable binary op."""
+    shape = draw(st.lists(st.integers(1, 3), min_size=0, max_size=3))
+    steps = []
+    for _ in range(draw(st.integers(1, 8))):
+        op = draw(st.sampled_from(sorted(ELEMENTWISE)))
+        lhs = draw(st.integers(-1, len(steps)))  # -1: a constant, 0: the input, k: step k-1
+        rhs = draw(st.integers(-1, len(steps)))
+        consts = []
+        for _side in range(2):
+            value = draw(st.sampled_from([0, 1, 2, -3]))
+            cshape = draw(st.sampled_from([(), (1,) * len(shape), tuple(shape[len(shape) // 2 :])]))
+            scalar = draw(st.booleans())
+            consts.append((value, cshape, scalar))
+        steps.append((op, lhs, rhs, consts))
+    return shape, steps
+
+
+@SLOW
+@given(elementwise_programs())
+def test_random_elementwise_graphs_match_numpy(program):
+    shape, steps = program
+    a = (np.arange(math.prod(shape), dtype=np.int32).reshape(shape) % 5) - 2
+    g = Graph()
+    vals = [g.input(shape, DType.I32, "x")]
+    refs = [a]
+    for op, lhs, rhs, consts in steps:
+        operands, ref_operands = [], []
+        for which, (value, cshape, scalar) in zip((lhs, rhs), consts, strict=True):
+            if which >= 0:
+                operands.append(vals[which])
+                ref_operands.append(refs[which])
+            elif scalar:
+                operands.append(value)
+                ref_operands.append(np.int32(value))
+            else:
+                operands.append(g.constant(np.full(cshape, value, np.int32)))
+                ref_operands.append(np.full(cshape, value, np.int32))
+        if not any(isinstance(o, Value) for o in operands):
+            operands[0] = vals[0]
+            ref_operands[0] = refs[0]
+        vals.append(getattr(g, op)(*operands))
+        refs.append(ELEMENTWISE[op](*ref_operands).astype(np.int32))
+    for v in vals[1:]:
+        g.add_output(v)
+    outs = evaluate(g, [a])
+    for out, ref in zip(outs, refs[1:], strict=True):
+        assert out.shape == ref.shape
+        np.testing.assert_array_equal(out, ref)
