@@ -58,6 +58,9 @@ __all__ = ["PlanSettings", "bind_symbols"]
 
 _ID_SHIFT = 48  # planning address = buffer id << 48 | byte offset inside the buffer
 _OFF_MASK = (1 << _ID_SHIFT) - 1
+_MAX_FILLED_CONST = (
+    1 << 20
+)  # a uniform constant materialised as data up to this size, else a fill kernel
 
 State = StridedView | st.Expr
 
@@ -206,7 +209,7 @@ class _Planner:
         n = len(graph)
         self.state: list[State | None] = [None] * n
         self.live = [False] * n
-        for v in graph.outputs:
+        for v in (*graph.outputs, *graph.inputs):  # every input gets a place, used or not
             self.live[v.index] = True
         for i in range(n - 1, -1, -1):  # reverse scan: operands come before their users
             if self.live[i]:
@@ -300,6 +303,13 @@ class _Planner:
         """Compute a lazy value into `dest` (default: a new dense buffer)."""
         if len(e.program.instrs) == 1 and isinstance(e.program.instrs[0], Load) and dest is None:
             return e.inputs[0]
+        c = _scalar_const(e)
+        nbytes = math.prod(e.shape) * e.dtype.size
+        if c is not None and dest is None and nbytes <= _MAX_FILLED_CONST:  # e.g. a uniform weight
+            data = np.full(e.shape, c.value, dtype=e.dtype.np)
+            return StridedView.dense(
+                self.new_buffer(BufferKind.CONST, nbytes, name, data), e.shape, e.dtype
+            )
         out = dest if dest is not None else self.temp(e.shape, e.dtype, name)
         self.emit_elementwise(e, (out,))
         return out

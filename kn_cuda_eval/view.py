@@ -119,7 +119,9 @@ class StridedView:
         return self.offset + lo * self.itemsize, self.offset + (hi + 1) * self.itemsize
 
     def is_dense(self) -> bool:
-        """Row-major contiguous (size-1 axes may have any stride)."""
+        """Row-major contiguous (size-1 axes may have any stride; empty views are dense)."""
+        if self.numel == 0:
+            return True
         acc = 1
         for d, s in zip(reversed(self.shape), reversed(self.strides), strict=True):
             if d != 1 and s != acc:

@@ -22,7 +22,9 @@ TOL = {"f": {2: 2e-2, 4: 1e-4, 8: 1e-9}}
 class KernelStats:
     """Every distinct kernel compiled in this test session, with its ptxas resource usage."""
 
-    kernels: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # name -> (regs80, regs90, spills)
+    kernels: dict[str, tuple[int, int, int]] = field(
+        default_factory=dict
+    )  # name -> (regs80, regs90, spills)
     sources: dict[str, Kernel] = field(default_factory=dict)
 
 
@@ -38,7 +40,11 @@ def compile_all(p: Plan) -> list[Kernel]:
         if k.name in STATS.kernels:
             continue
         res = [compile_kernel(k, arch) for arch in ARCHS]
-        STATS.kernels[k.name] = (res[0].registers, res[1].registers, max(r.spill_bytes for r in res))
+        STATS.kernels[k.name] = (
+            res[0].registers,
+            res[1].registers,
+            max(r.spill_bytes for r in res),
+        )
         STATS.sources[k.name] = k
     return ks
 
@@ -48,10 +54,14 @@ def assert_close(got: np.ndarray, ref: np.ndarray, what: str = "") -> None:
     assert got.dtype == ref.dtype, f"{what}: dtype {got.dtype} != {ref.dtype}"
     if ref.dtype.kind != "f":
         bad = got != ref
-        assert not bad.any(), f"{what}: {int(bad.sum())} elements differ, e.g. {got[bad][:5]} vs {ref[bad][:5]}"
+        assert not bad.any(), (
+            f"{what}: {int(bad.sum())} elements differ, e.g. {got[bad][:5]} vs {ref[bad][:5]}"
+        )
         return
     nan_g, nan_r = np.isnan(got), np.isnan(ref)
-    assert (nan_g == nan_r).all(), f"{what}: NaN positions differ ({int(nan_g.sum())} vs {int(nan_r.sum())})"
+    assert (nan_g == nan_r).all(), (
+        f"{what}: NaN positions differ ({int(nan_g.sum())} vs {int(nan_r.sum())})"
+    )
     fin = np.isfinite(ref)
     assert (got[~fin & ~nan_r] == ref[~fin & ~nan_r]).all(), f"{what}: infinities differ"
     if not fin.any():

@@ -82,8 +82,12 @@ def test_unary_float(op: UnaryOp, dtype: DType) -> None:
 
 @pytest.mark.parametrize(
     "op,dtype",
-    [(op, dt) for op in (UnaryOp.ABS, UnaryOp.NEG, UnaryOp.SIGN) for dt in (DType.I32, DType.I64, DType.I8, DType.U8, DType.F32)
-     if dt.is_signed or op is not UnaryOp.NEG],
+    [
+        (op, dt)
+        for op in (UnaryOp.ABS, UnaryOp.NEG, UnaryOp.SIGN)
+        for dt in (DType.I32, DType.I64, DType.I8, DType.U8, DType.F32)
+        if dt.is_signed or op is not UnaryOp.NEG
+    ],
     ids=str,
 )
 def test_unary_any_type(op: UnaryOp, dtype: DType) -> None:
@@ -93,9 +97,22 @@ def test_unary_any_type(op: UnaryOp, dtype: DType) -> None:
     check_plan(g, [_data((4, 5), dtype)], optimized=False)
 
 
-BINARY_FLOAT = [BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV, BinaryOp.POW, BinaryOp.MIN,
-                BinaryOp.MAX, BinaryOp.MOD, BinaryOp.FMOD, BinaryOp.EQ, BinaryOp.LT, BinaryOp.LE,
-                BinaryOp.GT, BinaryOp.GE]
+BINARY_FLOAT = [
+    BinaryOp.ADD,
+    BinaryOp.SUB,
+    BinaryOp.MUL,
+    BinaryOp.DIV,
+    BinaryOp.POW,
+    BinaryOp.MIN,
+    BinaryOp.MAX,
+    BinaryOp.MOD,
+    BinaryOp.FMOD,
+    BinaryOp.EQ,
+    BinaryOp.LT,
+    BinaryOp.LE,
+    BinaryOp.GT,
+    BinaryOp.GE,
+]
 BINARY_INT = [*BINARY_FLOAT, BinaryOp.BIT_AND, BinaryOp.BIT_OR, BinaryOp.BIT_XOR]
 
 
@@ -147,9 +164,18 @@ def test_integer_division_by_zero_and_shifts() -> None:
 
 @pytest.mark.parametrize(
     "src,dst",
-    [(DType.F32, DType.I32), (DType.F32, DType.F16), (DType.F16, DType.F32), (DType.I64, DType.F32),
-     (DType.F32, DType.BOOL), (DType.BOOL, DType.F32), (DType.I32, DType.I8), (DType.F64, DType.F16),
-     (DType.U8, DType.I64), (DType.F32, DType.F64)],
+    [
+        (DType.F32, DType.I32),
+        (DType.F32, DType.F16),
+        (DType.F16, DType.F32),
+        (DType.I64, DType.F32),
+        (DType.F32, DType.BOOL),
+        (DType.BOOL, DType.F32),
+        (DType.I32, DType.I8),
+        (DType.F64, DType.F16),
+        (DType.U8, DType.I64),
+        (DType.F32, DType.F64),
+    ],
 )
 def test_cast(src: DType, dst: DType) -> None:
     g = Graph()
@@ -158,14 +184,26 @@ def test_cast(src: DType, dst: DType) -> None:
     check_plan(g, [_data((3, 5), src)], optimized=False)
 
 
-@pytest.mark.parametrize("src,dst", [(DType.F32, DType.I32), (DType.I32, DType.F32), (DType.F16, DType.I16), (DType.U16, DType.F16)])
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        (DType.F32, DType.I32),
+        (DType.I32, DType.F32),
+        (DType.F16, DType.I16),
+        (DType.U16, DType.F16),
+    ],
+)
 def test_bitcast(src: DType, dst: DType) -> None:
     g = Graph()
     x = _input(g, (8,), src)
     g.add_output(g.add(g.bitcast(x, dst), g.bitcast(x, dst)), "y")
     a = _data((8,), src)
     if src.is_int:
-        a = (np.abs(a) + 15360).astype(src.np) if src is DType.U16 else (np.abs(a) * 1000 + 1065353216).astype(src.np)
+        a = (
+            (np.abs(a) + 15360).astype(src.np)
+            if src is DType.U16
+            else (np.abs(a) * 1000 + 1065353216).astype(src.np)
+        )
     check_plan(g, [a], optimized=False)
 
 
@@ -216,7 +254,9 @@ def test_broadcast_lazy_value_is_recomputed_only_when_cheap() -> None:
 def test_nan_constant_and_infinities() -> None:
     g = Graph()
     x = _input(g, (4,), DType.F32)
-    g.add_output(g.add(g.mul(x, float("inf")), g.constant(np.array([np.nan, 1, 2, 3], np.float32))), "y")
+    g.add_output(
+        g.add(g.mul(x, float("inf")), g.constant(np.array([np.nan, 1, 2, 3], np.float32))), "y"
+    )
     g.add_output(g.maximum(x, float("nan")), "z")
     check_plan(g, [np.array([1, -1, 0, 2], np.float32)], optimized=False)
 

@@ -90,7 +90,14 @@ def test_matmul_with_zero_inner_size_is_zero() -> None:
 
 
 # -- conv ----------------------------------------------------------------------------------------
-def _conv_graph(nd: int, groups: int = 1, dilation: int = 1, stride: int = 2, residual: bool = True, relu: bool = True):
+def _conv_graph(
+    nd: int,
+    groups: int = 1,
+    dilation: int = 1,
+    stride: int = 2,
+    residual: bool = True,
+    relu: bool = True,
+):
     g = Graph()
     c, k = 4, 8
     sp = (9,) * nd
@@ -174,10 +181,18 @@ def test_reduce(op: ReduceOp, axes: tuple[int, ...]) -> None:
 def test_reduce_other_types(dtype: DType) -> None:
     g = Graph()
     x = g.input(Shape.of(4, 33), dtype, "x")
-    ops = [ReduceOp.MIN, ReduceOp.MAX] if dtype.is_bool else [ReduceOp.SUM, ReduceOp.MAX, ReduceOp.ARGMAX, ReduceOp.PROD]
+    ops = (
+        [ReduceOp.MIN, ReduceOp.MAX]
+        if dtype.is_bool
+        else [ReduceOp.SUM, ReduceOp.MAX, ReduceOp.ARGMAX, ReduceOp.PROD]
+    )
     for op in ops:
         g.add_output(g.reduce(x, [1], op), op.value)
-    a = RNG.random((4, 33)) < 0.5 if dtype.is_bool else (RNG.standard_normal((4, 33)) * 3).astype(dtype.np)
+    a = (
+        RNG.random((4, 33)) < 0.5
+        if dtype.is_bool
+        else (RNG.standard_normal((4, 33)) * 3).astype(dtype.np)
+    )
     if dtype is DType.F16:
         a = (a / 4).astype(np.float16)
     check_plan(g, [a], optimized=False)
