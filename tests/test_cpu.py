@@ -851,3 +851,35 @@ def test_attention_matches_naive_formula(m, n, causal, with_mask, rng):
     args = [q, k, v] + ([mask] if with_mask else [])
     ref = naive_attention(q, k, v, mask, 1 / math.sqrt(8), causal)
     np.testing.assert_allclose(run(g, y, *args), ref, rtol=1e-12, atol=1e-12)
+
+
+# -- op metadata agrees with the executor -------------------------------------------------------------
+def _operands_for(op: BinaryOp, rng):
+    dtype = DType.BOOL if op.is_logical else DType.I32 if op.is_bitwise else DType.F64
+    if op in (BinaryOp.SHL, BinaryOp.SHR):
+        return dtype, rng.integers(0, 100, 20).astype(np.int32), rng.integers(0, 5, 20).astype(np.int32)
+    a, b = random_array(rng, (20,), dtype), random_array(rng, (20,), dtype)
+    if dtype.is_float:
+        a, b = np.abs(a) + 0.5, np.abs(b) + 0.5  # a domain where pow, div and mod are all defined
+    return dtype, a, b
+
+
+@pytest.mark.parametrize("op", list(BinaryOp), ids=lambda o: o.value)
+def test_declared_identity_and_commutativity_hold_in_the_executor(op, rng):
+    dtype, a, b = _operands_for(op, rng)
+    g = Graph()
+    x, y = g.input([20], dtype, "a"), g.input([20], dtype, "b")
+    g.add_output(g.binary(op, x, y))
+    g.add_output(g.binary(op, y, x))
+    ab, ba = evaluate(g, [a, b])
+    if op.is_commutative:
+        np.testing.assert_array_equal(ab, ba)
+    else:
+        assert not np.array_equal(ab, ba)
+    if op.identity is not None:
+        g = Graph()
+        x = g.input([20], dtype, "a")
+        ident = g.input([20], dtype, "identity")  # an input, so the builder cannot fold it away
+        g.add_output(g.binary(op, x, ident))
+        (out,) = evaluate(g, [a, np.full(20, op.identity, dtype.np)])
+        np.testing.assert_array_equal(out, a)

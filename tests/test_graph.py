@@ -22,6 +22,7 @@ from kn_graph.ops import (
     Permute,
     Reduce,
     Slice,
+    Tensor,
     Unary,
     View,
 )
@@ -935,3 +936,64 @@ def test_builders_refuse_a_dtype_that_is_not_a_dtype(bad):
     x = g.input([3], DType.F32)
     with pytest.raises(GraphError, match="expected a DType"):
         g.cast(x, bad)
+
+
+# -- ops: operands, map_inputs, printing of attributes ----------------------------------------------
+def test_inputs_and_map_inputs_follow_the_operand_fields():
+    g, x = graph_with([2, 3])
+    y = g.input([2, 3], DType.F32)
+    c = g[g.concat([x, y, x], 0)].op
+    assert c.inputs == (x, y, x)
+    swapped = c.map_inputs(lambda v: y if v == x else x)
+    assert swapped == Concat((y, x, y), 0)
+    b = Binary(x, y, BinaryOp.SUB)
+    assert b.map_inputs(lambda v: Value(v.index + 10, v.graph_id)).inputs == (
+        Value(x.index + 10, g.id),
+        Value(y.index + 10, g.id),
+    )
+    assert Input(0).inputs == () and Input(0).map_inputs(lambda v: v) == Input(0)
+
+
+def test_attention_without_mask_has_three_operands():
+    g = Graph()
+    q, k, v = (g.input([1, 2, 4], DType.F32) for _ in range(3))
+    op = g[g.attention(q, k, v)].op
+    assert op.inputs == (q, k, v)
+    assert op.map_inputs(lambda t: t).mask is None
+
+
+@pytest.mark.parametrize(
+    ("build", "text"),
+    [
+        (lambda g, x: g.conv(x, g.constant(np.zeros((4, 2, 3, 3), np.float32)), (1, 1), (0, 0), (2, 2), 2), "s=1 p=0 d=2 g=2"),
+        (lambda g, x: g.conv(x, g.constant(np.zeros((2, 4, 1, 3), np.float32)), (2, 2), (0, 1)), "s=2 p=0x1"),
+        (lambda g, x: g.slice(x, 2, 1, None, 2), "axis=2 start=1 step=2"),
+        (lambda g, x: g.reduce(x, [3, 1], ReduceOp.MEAN), "axes=[1, 3]"),
+        (lambda g, x: g.permute(x, [0, 2, 3, 1]), "perm=[0, 2, 3, 1]"),
+        (lambda g, x: g.layernorm(x, 3, 1e-5), "axis=3 eps=1e-05"),
+        (lambda g, x: g.iota([2, 3], 1), "axis=1"),
+    ],
+)
+def test_op_attributes_print(build, text):
+    g, x = graph_with([1, 4, 8, 8])
+    v = build(g, x)
+    assert g.format_value(v).endswith(" " + text)
+
+
+def test_tensor_identity_is_its_content():
+    a = Tensor(np.arange(3, dtype=np.int32))
+    b = Tensor(np.arange(3, dtype=np.int32))
+    assert a == b and hash(a) == hash(b)
+    assert a != Tensor(np.arange(3, dtype=np.int64))
+    assert a != Tensor(np.arange(3, dtype=np.int32).reshape(3, 1))
+    assert Tensor(np.array([-0.0])) != Tensor(np.array([0.0]))  # bits, not values
+    assert Tensor(np.array([np.nan])) == Tensor(np.array([np.nan]))
+    assert repr(a).startswith("Tensor(int32[3], ")
+
+
+def test_tensor_of_a_non_contiguous_array_is_contiguous():
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = Tensor(base.T)
+    assert t.array.flags.c_contiguous and not t.array.flags.writeable
+    np.testing.assert_array_equal(t.array, base.T)
+    assert t == Tensor(np.ascontiguousarray(base.T))
