@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-from kn_graph.dtype import DType
-from kn_graph.errors import PlanError
 from kn_cuda_eval import steps as st
 from kn_cuda_eval.cudnn.lib import (
     CROSS_CORRELATION,
@@ -22,6 +20,8 @@ from kn_cuda_eval.cudnn.lib import (
     MathType,
     TensorFormat,
 )
+from kn_graph.dtype import DType
+from kn_graph.errors import PlanError
 
 __all__ = [
     "ActivationDescriptor",
@@ -177,7 +177,7 @@ class ConvGeometry:
     @staticmethod
     def of(step: st.Conv) -> ConvGeometry:
         def lift(dims: tuple[int, ...], fill: int) -> tuple[int, ...]:
-            return dims[:2] + (fill,) + dims[2:] if len(dims) == 3 else dims
+            return (*dims[:2], fill, *dims[2:]) if len(dims) == 3 else dims
 
         one_d = len(step.stride) == 1
         pads, strides, dil = step.padding, step.stride, step.dilation
