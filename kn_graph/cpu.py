@@ -108,8 +108,8 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
         info = graph[v]
         try:
             result = _compute(info, env, arrays, bindings)
-        except EvaluationError as e:  # raised by an op's own check: add the value and its op
-            raise EvaluationError(f"while computing {graph.format_value(v)}: {e}") from e
+        except (EvaluationError, ShapeMismatchError) as e:  # an op's own check, an unbound symbol
+            raise type(e)(f"while computing {graph.format_value(v)}: {e}") from e
         except KnError:
             raise
         except Exception as e:  # numpy errors become ours, naming the value and its op
