@@ -176,3 +176,24 @@ def test_symbolic_linear_resize_is_refused() -> None:
     )
     with pytest.raises(UnsupportedOnnxError, match="symbolic"):
         load_onnx(model)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_antialias_strong_downsampling_uses_a_dense_matrix(mode: str) -> None:
+    attrs = {"mode": mode, "antialias": 1}
+    model = node_model(
+        "Resize",
+        {"x": rand(1, 2, 24, 20)},
+        attrs,
+        inits={"roi": EMPTY, "scales": scales(1, 1, 0.2, 0.15)},
+    )
+    g = load_onnx(model)
+    assert sum(isinstance(g[v].op, Gather) for v in g.values()) == 0
+    check_reference(
+        "Resize",
+        {"x": rand(1, 2, 24, 20)},
+        attrs,
+        inits={"roi": EMPTY, "scales": scales(1, 1, 0.2, 0.15)},
+        rtol=1e-4,
+        atol=1e-5,
+    )

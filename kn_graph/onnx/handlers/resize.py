@@ -160,6 +160,26 @@ def _weights_along(ctx: NodeContext, w: np.ndarray, rank: int, axis: int, x: Val
     return ctx.graph.constant(w.reshape(shape).astype(ctx.graph.dtype(x).np))
 
 
+MAX_GATHER_TAPS = 8
+"""Wider kernels (antialiased downsampling) apply one dense [in, out] matrix instead of gathers."""
+
+
+def _dense(ctx: NodeContext, x: Value, axis: int, taps: Taps) -> Value:
+    """The taps as a dense interpolation matrix, applied by a matmul over the moved axis."""
+    g = ctx.graph
+    rank = g[x].rank
+    size = g.shape(x)[axis].as_int()
+    m = np.zeros((size, len(taps.index)))
+    rows = np.broadcast_to(np.arange(len(taps.index))[:, None], taps.index.shape)
+    np.add.at(m, (taps.index, rows), taps.weight)
+    perm = [a for a in range(rank) if a != axis] + [axis]
+    y = g.matmul_nd(g.permute(x, perm), g.constant(m.astype(g.dtype(x).np)))
+    back = [0] * rank
+    for i, p in enumerate(perm):
+        back[p] = i
+    return g.permute(y, back)
+
+
 def _apply_taps(ctx: NodeContext, x: Value, axis: int, taps: Taps, extrapolation: float) -> Value:
     g = ctx.graph
     rank = g[x].rank
@@ -168,17 +188,20 @@ def _apply_taps(ctx: NodeContext, x: Value, axis: int, taps: Taps, extrapolation
     else:
         if not g.dtype(x).is_float:
             ctx.unsupported(f"linear/cubic interpolation of {g.dtype(x)} data")
-        y = None
-        for t in range(taps.weight.shape[1]):
-            w = taps.weight[:, t]
-            if not w.any():
-                continue
-            term = g.mul(
-                g.gather(x, axis, g.constant(taps.index[:, t])),
-                _weights_along(ctx, w, rank, axis, x),
-            )
-            y = term if y is None else g.add(y, term)
-        assert y is not None
+        used = [t for t in range(taps.weight.shape[1]) if taps.weight[:, t].any()]
+        if len(used) > MAX_GATHER_TAPS:
+            y = _dense(ctx, x, axis, taps)
+        else:
+            terms = [
+                g.mul(
+                    g.gather(x, axis, g.constant(taps.index[:, t])),
+                    _weights_along(ctx, taps.weight[:, t], rank, axis, x),
+                )
+                for t in used
+            ]
+            y = terms[0]
+            for term in terms[1:]:
+                y = g.add(y, term)
     if taps.outside is not None:
         mask = g.constant(taps.outside.reshape((len(taps.outside),) + (1,) * (rank - axis - 1)))
         y = g.select(mask, g.scalar(extrapolation, g.dtype(x)), y)

@@ -66,7 +66,10 @@ def _layer(ctx: NodeContext, x: Value) -> Layer:
     direction = ctx.attr_str("direction", "forward")
     if direction not in ("forward", "reverse", "bidirectional"):
         ctx.unsupported(f"direction '{direction}'")
-    hidden = ctx.attr_int("hidden_size", 0) or g.shape(ctx.input(2)).dims[-1].as_int("hidden size")
+    r_shape = g.shape(ctx.input(2))
+    hidden = ctx.attr_int("hidden_size", 0) or (r_shape.dims[-1].as_int("hidden size") if r_shape.rank else 0)
+    if hidden < 1:
+        ctx.unsupported(f"hidden_size {hidden}")
     clip = ctx.attr_float("clip", 0.0) if ctx.has_attr("clip") else None
     return Layer(
         ctx.op_type,
@@ -94,6 +97,8 @@ def _directions(ctx: NodeContext, x: Value, layer: Layer) -> list[Direction]:
     g = ctx.graph
     gates = _GATES[layer.kind] * layer.hidden
     w, r = ctx.input(1), ctx.input(2)
+    if g[w].rank != 3 or g[r].rank != 3:
+        ctx.unsupported(f"W and R must be 3-D, found {g.shape(w)} and {g.shape(r)}")
     if (
         g.shape(w)[0] != Size(layer.directions)
         or g.shape(w)[1] != Size(gates)

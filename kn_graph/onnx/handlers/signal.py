@@ -146,6 +146,8 @@ def stft(ctx: NodeContext) -> Result:
     win = ctx.optional_input(2)
     frame = _scalar_int(ctx, 3, "frame_length") if ctx.has_input(3) else None
     if win is not None:
+        if g[win].rank != 1:
+            ctx.unsupported(f"the window must be 1-D, found {g.shape(win)}")
         wlen = g.shape(win)[0].as_int("the window length")
         if frame is not None and frame != wlen:
             ctx.unsupported(f"frame_length {frame} differs from the window length {wlen}")
