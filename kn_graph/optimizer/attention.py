@@ -322,7 +322,7 @@ def _col_minus_row(g: Graph, cond: Value) -> tuple[bool, int] | None:
     (wa, ca), (wb, cb) = sides
     if wa == wb:
         return None
-    rel = op.op
+    rel: BinaryOp = op.op
     if wa == 0:  # row on the left: swap to put the column first
         flip = {BinaryOp.LE: BinaryOp.GE, BinaryOp.LT: BinaryOp.GT, BinaryOp.GE: BinaryOp.LE, BinaryOp.GT: BinaryOp.LT}
         rel, ca, cb = flip[rel], cb, ca
@@ -372,9 +372,10 @@ def _affine_index(g: Graph, x: Value, axis: int) -> int | None:
 def _rebuild(rw: Rewriter, operand: _Operand) -> Value:
     """The operand without its scale: the chain above the Mul/Div re-applied to its input."""
     cur = rw.get(operand.base)
-    for old in reversed(operand.chain):
+    for old in reversed(operand.chain):  # each link has one operand: the value below it
         info = rw.old[old]
-        cur = copy_op(rw.new, info, info.op.map_inputs(lambda _, c=cur: c))
+        below = cur
+        cur = copy_op(rw.new, info, info.op.map_inputs(lambda _: below))  # noqa: B023
     return cur
 
 
