@@ -34,7 +34,9 @@ def assert_close(got: np.ndarray, ref: np.ndarray, dtype: DType) -> None:
     assert got.shape == np.shape(ref)
     if dtype.is_float:
         tol = RTOL[dtype]
-        np.testing.assert_allclose(got.astype(np.float64), np.asarray(ref, np.float64), rtol=tol, atol=tol)
+        np.testing.assert_allclose(
+            got.astype(np.float64), np.asarray(ref, np.float64), rtol=tol, atol=tol
+        )
     else:
         np.testing.assert_array_equal(got, ref)
 
@@ -92,7 +94,9 @@ def test_every_unary_op_is_covered():
 
 
 @pytest.mark.parametrize("dtype", SIGNED_INTS)
-@pytest.mark.parametrize(("op", "ref"), [(UnaryOp.ABS, np.abs), (UnaryOp.NEG, np.negative), (UnaryOp.SIGN, np.sign)])
+@pytest.mark.parametrize(
+    ("op", "ref"), [(UnaryOp.ABS, np.abs), (UnaryOp.NEG, np.negative), (UnaryOp.SIGN, np.sign)]
+)
 def test_unary_signed_int_ops(op, ref, dtype):
     a = np.array([-7, -1, 0, 1, 9], dtype.np)
     g, x = graph_with([5], dtype)
@@ -108,7 +112,9 @@ def test_bit_not(dtype):
 
 def test_logical_not():
     g, x = graph_with([3], DType.BOOL)
-    np.testing.assert_array_equal(run(g, g.unary(UnaryOp.NOT, x), np.array([True, False, True])), [False, True, False])
+    np.testing.assert_array_equal(
+        run(g, g.unary(UnaryOp.NOT, x), np.array([True, False, True])), [False, True, False]
+    )
 
 
 def test_round_is_half_to_even():
@@ -119,7 +125,9 @@ def test_round_is_half_to_even():
 
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_sigmoid_and_softplus_saturate_without_overflow(dtype):
-    a = np.array([-1e4, -50, 0, 50, 1e4] if dtype != DType.F16 else [-6e4, -50, 0, 50, 6e4], dtype.np)
+    a = np.array(
+        [-1e4, -50, 0, 50, 1e4] if dtype != DType.F16 else [-6e4, -50, 0, 50, 6e4], dtype.np
+    )
     g, x = graph_with([5], dtype)
     s = g.unary(UnaryOp.SIGMOID, x)
     sp = g.unary(UnaryOp.SOFTPLUS, x)
@@ -128,7 +136,9 @@ def test_sigmoid_and_softplus_saturate_without_overflow(dtype):
     with np.errstate(over="raise", invalid="raise", divide="raise"):
         got_s, got_sp = evaluate(g, [a])
     np.testing.assert_allclose(got_s.astype(np.float64), [0, 0, 0.5, 1, 1], atol=1e-6)
-    np.testing.assert_allclose(got_sp.astype(np.float64), np.logaddexp(0, a.astype(np.float64)), rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(
+        got_sp.astype(np.float64), np.logaddexp(0, a.astype(np.float64)), rtol=1e-3, atol=1e-6
+    )
 
 
 # -- cast and bitcast ----------------------------------------------------------------------------
@@ -137,7 +147,9 @@ def test_sigmoid_and_softplus_saturate_without_overflow(dtype):
 def test_float_to_int_cast_truncates_toward_zero(src, dst):
     a = np.array([-2.75, -1.5, -0.5, -0.0, 0.5, 1.5, 2.75, 100.0], src.np)
     g, x = graph_with([8], src)
-    np.testing.assert_array_equal(run(g, g.cast(x, dst), a), np.array([-2, -1, 0, 0, 0, 1, 2, 100], dst.np))
+    np.testing.assert_array_equal(
+        run(g, g.cast(x, dst), a), np.array([-2, -1, 0, 0, 0, 1, 2, 100], dst.np)
+    )
 
 
 @pytest.mark.parametrize("src", [d for d in ALL if d is not DType.BOOL])
@@ -150,7 +162,9 @@ def test_cast_to_bool_is_nonzero(src):
 def test_float_to_bool_cast_edge_values():
     a = np.array([-0.0, 0.0, 0.25, np.nan, -np.inf], np.float32)
     g, x = graph_with([5])
-    np.testing.assert_array_equal(run(g, g.cast(x, DType.BOOL), a), [False, False, True, True, True])
+    np.testing.assert_array_equal(
+        run(g, g.cast(x, DType.BOOL), a), [False, False, True, True, True]
+    )
 
 
 @pytest.mark.parametrize("dst", ALL)
@@ -161,7 +175,18 @@ def test_cast_from_bool(dst):
     np.testing.assert_array_equal(out, np.array([1, 0], dst.np))
 
 
-@pytest.mark.parametrize(("src", "dst"), [(DType.I32, DType.U8), (DType.I64, DType.I16), (DType.U16, DType.I8), (DType.I32, DType.F16), (DType.F64, DType.F16), (DType.I8, DType.I64), (DType.U8, DType.F32)])
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        (DType.I32, DType.U8),
+        (DType.I64, DType.I16),
+        (DType.U16, DType.I8),
+        (DType.I32, DType.F16),
+        (DType.F64, DType.F16),
+        (DType.I8, DType.I64),
+        (DType.U8, DType.F32),
+    ],
+)
 def test_int_and_float_casts_follow_numpy(src, dst):
     a = np.array([0, 1, 127, 255, 300, 70000], np.int64)
     if src.is_int and not src.is_signed:
@@ -173,7 +198,17 @@ def test_int_and_float_casts_follow_numpy(src, dst):
     np.testing.assert_array_equal(run(g, g.cast(x, dst), a), ref)
 
 
-@pytest.mark.parametrize(("src", "dst"), [(DType.F32, DType.I32), (DType.F32, DType.U32), (DType.I8, DType.U8), (DType.F16, DType.U16), (DType.F64, DType.I64), (DType.U64, DType.I64)])
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        (DType.F32, DType.I32),
+        (DType.F32, DType.U32),
+        (DType.I8, DType.U8),
+        (DType.F16, DType.U16),
+        (DType.F64, DType.I64),
+        (DType.U64, DType.I64),
+    ],
+)
 def test_bitcast_reinterprets_bits(src, dst, rng):
     a = random_array(rng, (3, 4), src)
     g, x = graph_with([3, 4], src)
@@ -232,7 +267,11 @@ def test_binary_float_ops(op, dtype, rng):
 def test_float_pow(dtype, rng):
     a = rng.uniform(0.1, 3, (4, 6)).astype(dtype.np)
     b = rng.uniform(-2, 2, (4, 6)).astype(dtype.np)
-    assert_close(eval_binary(BinaryOp.POW, dtype, a, b), np.power(a.astype(np.float64), b.astype(np.float64)).astype(dtype.np), dtype)
+    assert_close(
+        eval_binary(BinaryOp.POW, dtype, a, b),
+        np.power(a.astype(np.float64), b.astype(np.float64)).astype(dtype.np),
+        dtype,
+    )
 
 
 INT_BINARY = {
@@ -262,7 +301,11 @@ def test_integer_division_truncates_toward_zero(dtype):
     a = np.array([7, -7, 7, -7, 6, -6, 0, 1], dtype.np)
     b = np.array([2, 2, -2, -2, 3, 3, 5, 0], dtype.np)
     # C semantics; division by zero gives 0 rather than a crash
-    assert_close(eval_binary(BinaryOp.DIV, dtype, a, b), np.array([3, -3, -3, 3, 2, -2, 0, 0], dtype.np), dtype)
+    assert_close(
+        eval_binary(BinaryOp.DIV, dtype, a, b),
+        np.array([3, -3, -3, 3, 2, -2, 0, 0], dtype.np),
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("dtype", [DType.U8, DType.U32, DType.U64])
@@ -283,7 +326,9 @@ def test_mod_takes_divisor_sign_and_fmod_dividend_sign(dtype):
 @pytest.mark.parametrize("op", [BinaryOp.MOD, BinaryOp.FMOD])
 def test_integer_mod_by_zero_gives_zero(op):
     a = np.array([5, -5], np.int32)
-    assert_close(eval_binary(op, DType.I32, a, np.zeros(2, np.int32)), np.zeros(2, np.int32), DType.I32)
+    assert_close(
+        eval_binary(op, DType.I32, a, np.zeros(2, np.int32)), np.zeros(2, np.int32), DType.I32
+    )
 
 
 @pytest.mark.parametrize("dtype", [DType.I32, DType.I64, DType.U8])
@@ -303,7 +348,9 @@ def test_integer_pow_with_negative_exponent_raises_naming_the_value():
 
 
 @pytest.mark.parametrize("dtype", [DType.U8, DType.I16, DType.I32, DType.U64])
-@pytest.mark.parametrize(("op", "ref"), [(BinaryOp.SHL, np.left_shift), (BinaryOp.SHR, np.right_shift)])
+@pytest.mark.parametrize(
+    ("op", "ref"), [(BinaryOp.SHL, np.left_shift), (BinaryOp.SHR, np.right_shift)]
+)
 def test_shifts(op, ref, dtype):
     a = np.array([1, 3, 64, 5], dtype.np)
     b = np.array([0, 2, 1, 3], dtype.np)
@@ -329,7 +376,12 @@ def test_comparisons_with_nan():
 
 @pytest.mark.parametrize(
     ("op", "ref"),
-    [(BinaryOp.AND, np.logical_and), (BinaryOp.OR, np.logical_or), (BinaryOp.XOR, np.logical_xor), (BinaryOp.EQ, np.equal)],
+    [
+        (BinaryOp.AND, np.logical_and),
+        (BinaryOp.OR, np.logical_or),
+        (BinaryOp.XOR, np.logical_xor),
+        (BinaryOp.EQ, np.equal),
+    ],
 )
 def test_logical_ops(op, ref):
     a = np.array([True, True, False, False])
@@ -383,13 +435,17 @@ def test_float_reductions(op, dtype, axes, rng):
     assert_close(run(g, g.reduce(x, axes, op), a), ref, dtype)
 
 
-@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX], ids=lambda o: o.value)
+@pytest.mark.parametrize(
+    "op", [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX], ids=lambda o: o.value
+)
 @pytest.mark.parametrize("dtype", INTS)
 def test_int_reductions_stay_in_the_dtype(op, dtype, rng):
     a = rng.integers(0, 4, (3, 4, 5)).astype(dtype.np)
     g, x = graph_with([3, 4, 5], dtype)
     with np.errstate(over="ignore"):
-        ref = REDUCERS[op](a, axis=(0, 2), **({} if op in (ReduceOp.MIN, ReduceOp.MAX) else {"dtype": dtype.np}))
+        ref = REDUCERS[op](
+            a, axis=(0, 2), **({} if op in (ReduceOp.MIN, ReduceOp.MAX) else {"dtype": dtype.np})
+        )
     assert_close(run(g, g.reduce(x, [0, 2], op), a), ref, dtype)
 
 
@@ -401,7 +457,9 @@ def test_bool_min_max_are_all_any(op, ref, rng):
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F16, DType.I32, DType.U8])
-@pytest.mark.parametrize(("op", "ref"), [(ReduceOp.ARGMIN, np.argmin), (ReduceOp.ARGMAX, np.argmax)])
+@pytest.mark.parametrize(
+    ("op", "ref"), [(ReduceOp.ARGMIN, np.argmin), (ReduceOp.ARGMAX, np.argmax)]
+)
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_arg_reductions_pick_the_first_extreme(op, ref, dtype, axis):
     a = np.array([[3, 1, 3, 0], [1, 1, 5, 5], [0, 2, 5, 0]], dtype.np)
@@ -429,7 +487,9 @@ def test_reductions_over_an_empty_axis():
         g, x = graph_with([2, 0])
         np.testing.assert_array_equal(run(g, g.reduce(x, [1], op), a), [value, value])
     g, x = graph_with([2, 0], DType.I16)
-    np.testing.assert_array_equal(run(g, g.reduce(x, [1], ReduceOp.MAX), a.astype(np.int16)), [-32768, -32768])
+    np.testing.assert_array_equal(
+        run(g, g.reduce(x, [1], ReduceOp.MAX), a.astype(np.int16)), [-32768, -32768]
+    )
 
 
 def test_reduce_with_symbolic_batch(rng):
@@ -521,7 +581,14 @@ def test_conv_matches_naive_loops(xs, ws, stride, padding, dilation, groups, dty
     g, x = graph_with(xs, dtype)
     y = g.conv(x, g.constant(wv.astype(dtype.np)), stride, padding, dilation, groups)
     got = run(g, y, a.astype(dtype.np))
-    ref = naive_conv(a.astype(dtype.np).astype(np.float64), wv.astype(dtype.np).astype(np.float64), stride, padding, dilation, groups)
+    ref = naive_conv(
+        a.astype(dtype.np).astype(np.float64),
+        wv.astype(dtype.np).astype(np.float64),
+        stride,
+        padding,
+        dilation,
+        groups,
+    )
     assert g.shape(y).fixed_dims() == ref.shape
     tol = 1e-12 if dtype is DType.F64 else 1e-5  # sums of up to 54 products
     assert got.dtype == dtype.np
@@ -544,14 +611,26 @@ def test_conv_with_runtime_weights_and_symbolic_batch(rng):
     g = Graph()
     x = g.input([B, 2, 6], DType.F64)
     w = g.input([4, 2, 3], DType.F64)
-    np.testing.assert_allclose(run(g, g.conv(x, w, padding=(1,)), a, wv), naive_conv(a, wv, (1,), (1,), (1,), 1), rtol=1e-12)
+    np.testing.assert_allclose(
+        run(g, g.conv(x, w, padding=(1,)), a, wv),
+        naive_conv(a, wv, (1,), (1,), (1,), 1),
+        rtol=1e-12,
+    )
 
 
 # -- matmul (the core rank-3 op) ---------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F64, DType.F16, DType.I32, DType.I64, DType.U8])
 def test_batched_matmul(dtype, rng):
-    a = random_array(rng, (3, 4, 5), dtype) % 7 if dtype.is_int else random_array(rng, (3, 4, 5), dtype)
-    b = random_array(rng, (3, 5, 2), dtype) % 7 if dtype.is_int else random_array(rng, (3, 5, 2), dtype)
+    a = (
+        random_array(rng, (3, 4, 5), dtype) % 7
+        if dtype.is_int
+        else random_array(rng, (3, 4, 5), dtype)
+    )
+    b = (
+        random_array(rng, (3, 5, 2), dtype) % 7
+        if dtype.is_int
+        else random_array(rng, (3, 5, 2), dtype)
+    )
     g = Graph()
     y = g.matmul(g.input([3, 4, 5], dtype), g.input([3, 5, 2], dtype))
     ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
@@ -563,13 +642,26 @@ def test_batched_matmul(dtype, rng):
 def test_matmul_with_empty_inner_axis_is_zero():
     g = Graph()
     y = g.matmul(g.input([2, 3, 0], DType.F32), g.input([2, 0, 4], DType.F32))
-    np.testing.assert_array_equal(run(g, y, np.zeros((2, 3, 0), np.float32), np.zeros((2, 0, 4), np.float32)), np.zeros((2, 3, 4)))
+    np.testing.assert_array_equal(
+        run(g, y, np.zeros((2, 3, 0), np.float32), np.zeros((2, 0, 4), np.float32)),
+        np.zeros((2, 3, 4)),
+    )
 
 
 # -- shape ops --------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("start", "end", "step"),
-    [(None, None, -1), (None, None, -2), (5, 1, -1), (6, None, -3), (-2, 0, -2), (0, None, 3), (2, 7, 2), (None, -8, -1), (3, 3, -1)],
+    [
+        (None, None, -1),
+        (None, None, -2),
+        (5, 1, -1),
+        (6, None, -3),
+        (-2, 0, -2),
+        (0, None, 3),
+        (2, 7, 2),
+        (None, -8, -1),
+        (3, 3, -1),
+    ],
 )
 def test_slice_matches_python_slicing(start, end, step):
     a = np.arange(7 * 3, dtype=np.int32).reshape(7, 3)
@@ -595,7 +687,9 @@ def test_view_permute_broadcast(rng):
     a = rng.standard_normal((2, 3, 4)).astype(np.float32)
     g, x = graph_with([2, 3, 4])
     y = g.broadcast(g.view(g.permute(x, [2, 0, 1]), [4, 1, 6]), [4, 5, 6])
-    np.testing.assert_array_equal(run(g, y, a), np.broadcast_to(a.transpose(2, 0, 1).reshape(4, 1, 6), (4, 5, 6)))
+    np.testing.assert_array_equal(
+        run(g, y, a), np.broadcast_to(a.transpose(2, 0, 1).reshape(4, 1, 6), (4, 5, 6))
+    )
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
@@ -603,7 +697,9 @@ def test_concat_matches_numpy(axis, rng):
     parts = [rng.standard_normal(s).astype(np.float32) for s in ([2, 3, 4], [2, 3, 4], [2, 3, 4])]
     g = Graph()
     xs = [g.input([2, 3, 4], DType.F32) for _ in parts]
-    np.testing.assert_array_equal(run(g, g.concat(xs, axis), *parts), np.concatenate(parts, axis=axis))
+    np.testing.assert_array_equal(
+        run(g, g.concat(xs, axis), *parts), np.concatenate(parts, axis=axis)
+    )
 
 
 def test_concat_unequal_parts_and_empty(rng):
@@ -683,7 +779,9 @@ def test_select_with_python_scalar_branch():
     g = Graph()
     c = g.input([3], DType.BOOL)
     x = g.input([3], DType.F32)
-    got = run(g, g.select(c, x, -1.0), np.array([True, False, True]), np.array([1, 2, 3], np.float32))
+    got = run(
+        g, g.select(c, x, -1.0), np.array([True, False, True]), np.array([1, 2, 3], np.float32)
+    )
     np.testing.assert_array_equal(got, [1, -1, 3])
 
 
@@ -844,10 +942,18 @@ def naive_attention(q, k, v, mask, scale, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_attention_matches_naive_formula(m, n, causal, with_mask, rng):
-    q, k, v = rng.standard_normal((2, m, 8)), rng.standard_normal((2, n, 8)), rng.standard_normal((2, n, 3))
+    q, k, v = (
+        rng.standard_normal((2, m, 8)),
+        rng.standard_normal((2, n, 8)),
+        rng.standard_normal((2, n, 3)),
+    )
     mask = rng.standard_normal((2, m, n)) if with_mask else None
     g = Graph()
-    qi, ki, vi = g.input([2, m, 8], DType.F64), g.input([2, n, 8], DType.F64), g.input([2, n, 3], DType.F64)
+    qi, ki, vi = (
+        g.input([2, m, 8], DType.F64),
+        g.input([2, n, 8], DType.F64),
+        g.input([2, n, 3], DType.F64),
+    )
     mi = g.input([2, m, n], DType.F64) if with_mask else None
     y = g.attention(qi, ki, vi, mi, None, causal)
     args = [q, k, v] + ([mask] if with_mask else [])
@@ -859,7 +965,11 @@ def test_attention_matches_naive_formula(m, n, causal, with_mask, rng):
 def _operands_for(op: BinaryOp, rng):
     dtype = DType.BOOL if op.is_logical else DType.I32 if op.is_bitwise else DType.F64
     if op in (BinaryOp.SHL, BinaryOp.SHR):
-        return dtype, rng.integers(0, 100, 20).astype(np.int32), rng.integers(0, 5, 20).astype(np.int32)
+        return (
+            dtype,
+            rng.integers(0, 100, 20).astype(np.int32),
+            rng.integers(0, 5, 20).astype(np.int32),
+        )
     a, b = random_array(rng, (20,), dtype), random_array(rng, (20,), dtype)
     if dtype.is_float:
         a, b = np.abs(a) + 0.5, np.abs(b) + 0.5  # a domain where pow, div and mod are all defined

@@ -52,12 +52,23 @@ def test_good_inputs_run(run):
 
 
 def test_error_classes_form_one_hierarchy():
-    for cls in (GraphError, ShapeMismatchError, InputMismatchError, EvaluationError, OnnxImportError, UnsupportedOnnxError):
+    for cls in (
+        GraphError,
+        ShapeMismatchError,
+        InputMismatchError,
+        EvaluationError,
+        OnnxImportError,
+        UnsupportedOnnxError,
+    ):
         assert issubclass(cls, KnError)
     assert issubclass(InputMismatchError, ShapeMismatchError)
     assert issubclass(UnsupportedOnnxError, OnnxImportError)
     e = UnsupportedOnnxError("n1", "Foo", "bar")
-    assert str(e) == "node 'n1' (Foo): bar" and (e.node_name, e.op_type, e.detail) == ("n1", "Foo", "bar")
+    assert str(e) == "node 'n1' (Foo): bar" and (e.node_name, e.op_type, e.detail) == (
+        "n1",
+        "Foo",
+        "bar",
+    )
 
 
 @pytest.mark.parametrize("count", [0, 1, 3])
@@ -101,7 +112,10 @@ def test_wrong_rank_names_input_and_both_shapes(run):
     inputs[0] = np.zeros((3, 5, 1), np.int64)
     with pytest.raises(InputMismatchError) as e:
         run(two_input_graph(), inputs)
-    assert str(e.value) == "input 'tokens': expected rank 2 (shape [B,S]), found rank 3 (shape (3, 5, 1))"
+    assert (
+        str(e.value)
+        == "input 'tokens': expected rank 2 (shape [B,S]), found rank 3 (shape (3, 5, 1))"
+    )
 
 
 def test_symbol_contradicted_between_inputs_names_input_and_axis(run):
@@ -116,7 +130,10 @@ def test_unsatisfiable_size_names_input_axis_and_symbol(run):
     g.add_output(g.exp(g.input([4, 2 * B], DType.F32, "x")))
     with pytest.raises(InputMismatchError) as e:
         run(g, [np.zeros((4, 7), np.float32)])
-    assert str(e.value) == "input 'x', axis 1: expected size 2*B, found 7, which no value of 'B' satisfies"
+    assert (
+        str(e.value)
+        == "input 'x', axis 1: expected size 2*B, found 7, which no value of 'B' satisfies"
+    )
 
 
 def test_fixed_size_mismatch_names_input_and_axis(run):
@@ -166,7 +183,10 @@ def test_symbol_used_by_no_input_fails_naming_it(run):
     g.add_output(g.iota([S], 0, DType.I32))
     with pytest.raises(ShapeMismatchError) as e:
         run(g, [np.zeros(3, np.float32)])
-    assert str(e.value) == "while computing %1: i32[S] = iota() axis=0: no value for size symbol 'S' (in size S)"
+    assert (
+        str(e.value)
+        == "while computing %1: i32[S] = iota() axis=0: no value for size symbol 'S' (in size S)"
+    )
 
 
 def test_check_inputs_reports_bindings_without_evaluating():
@@ -192,4 +212,7 @@ def test_runtime_error_inside_an_op_names_the_value(run):
     g.add_output(g.gather(x, 0, i))
     with pytest.raises(EvaluationError) as e:
         run(g, [np.zeros(3, np.float32), np.array([0, 3], np.int32)])
-    assert str(e.value) == "while computing %2: f32[2] = gather(%0, %1) axis=0: gather: index 3 out of range [0, 3) on axis 0"
+    assert (
+        str(e.value)
+        == "while computing %2: f32[2] = gather(%0, %1) axis=0: gather: index 3 out of range [0, 3) on axis 0"
+    )

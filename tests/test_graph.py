@@ -32,7 +32,9 @@ B = Size.sym("B")
 
 
 # -- doctests ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("module", [kn_graph.shape, kn_graph.graph, kn_graph.cpu], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [kn_graph.shape, kn_graph.graph, kn_graph.cpu], ids=lambda m: m.__name__
+)
 def test_module_doctests_pass(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
@@ -59,7 +61,11 @@ def test_identical_constants_are_shared_by_content():
 
 @pytest.mark.parametrize(
     "other",
-    [np.array([1.0, 2.0], np.float64), np.array([[1.0, 2.0]], np.float32), np.array([1.0, 3.0], np.float32)],
+    [
+        np.array([1.0, 2.0], np.float64),
+        np.array([[1.0, 2.0]], np.float32),
+        np.array([1.0, 3.0], np.float32),
+    ],
     ids=["dtype", "shape", "content"],
 )
 def test_constants_differing_in_dtype_shape_or_content_are_distinct(other):
@@ -181,7 +187,9 @@ def test_value_of_another_graph_raises():
 @pytest.mark.parametrize("index", [-1, 1, 5])
 def test_forged_value_of_this_graph_raises(index):
     g, _ = graph_with([3])
-    with pytest.raises(GraphError, match=f"value %{index} does not exist in this graph of 1 values"):
+    with pytest.raises(
+        GraphError, match=f"value %{index} does not exist in this graph of 1 values"
+    ):
         g[Value(index, g.id)]
 
 
@@ -297,15 +305,22 @@ def test_invalid_broadcast_raises(src, dst):
 
 @pytest.mark.parametrize(
     ("a", "b", "out"),
-    [([1, 3], [2, 1], [2, 3]), ([3], [4, 1, 3], [4, 1, 3]), ([], [2], [2]), ([0], [1], [0]),
-     ([B, 1], [1, 5], [B, 5])],
+    [
+        ([1, 3], [2, 1], [2, 3]),
+        ([3], [4, 1, 3], [4, 1, 3]),
+        ([], [2], [2]),
+        ([0], [1], [0]),
+        ([B, 1], [1, 5], [B, 5]),
+    ],
 )
 def test_broadcast_shapes(a, b, out):
     assert broadcast_shapes(Shape.from_seq(a), Shape.from_seq(b)) == Shape.from_seq(out)
 
 
 def test_broadcast_shapes_mismatch_names_axis_and_sizes():
-    with pytest.raises(GraphError, match=r"cannot broadcast shapes \[B,3\], \[2,3\]: axis 0 has sizes B and 2"):
+    with pytest.raises(
+        GraphError, match=r"cannot broadcast shapes \[B,3\], \[2,3\]: axis 0 has sizes B and 2"
+    ):
         broadcast_shapes(Shape.of(B, 3), Shape.of(2, 3))
 
 
@@ -397,10 +412,15 @@ def test_invalid_symbolic_slice_raises(kwargs, match):
         g.slice(x, 0, **kwargs)
 
 
-@pytest.mark.parametrize(("start", "step", "length"), [(0, 1, 11), (10, 1, 1), (5, 2, 4), (2, -1, 4), (-1, 1, 1)])
+@pytest.mark.parametrize(
+    ("start", "step", "length"), [(0, 1, 11), (10, 1, 1), (5, 2, 4), (2, -1, 4), (-1, 1, 1)]
+)
 def test_slice_raw_out_of_range_raises(start, step, length):
     g, x = graph_with([10])
-    with pytest.raises(GraphError, match=f"slice: start {start}, step {step}, length {length} out of range for axis 0 of size 10"):
+    with pytest.raises(
+        GraphError,
+        match=f"slice: start {start}, step {step}, length {length} out of range for axis 0 of size 10",
+    ):
         g.slice_raw(x, 0, start, step, length)
 
 
@@ -525,7 +545,10 @@ def test_concat_drops_empty_operands_and_single_operand_vanishes():
     [
         (([2, 3], DType.F64), r"concat: operand 1 is f64\[2,3\], expected f32 of rank 2"),
         (([2, 3, 1], DType.F32), r"concat: operand 1 is f32\[2,3,1\], expected f32 of rank 2"),
-        (([3, 3], DType.F32), r"concat: operand 1 has shape \[3,3\], which differs from \[2,3\] off the concat axis 1"),
+        (
+            ([3, 3], DType.F32),
+            r"concat: operand 1 has shape \[3,3\], which differs from \[2,3\] off the concat axis 1",
+        ),
     ],
 )
 def test_concat_validation(other, match):
@@ -591,14 +614,20 @@ def test_conv_symbolic_spatial_size():
     g, x = graph_with([1, 1, B])
     w = g.constant(np.zeros((1, 1, 3), np.float32))
     assert g.shape(g.conv(x, w, padding=(1,))) == Shape.of(1, 1, B)
-    with pytest.raises(GraphError, match="output size of spatial axis 0 \\(B\\) is not expressible"):
+    with pytest.raises(
+        GraphError, match="output size of spatial axis 0 \\(B\\) is not expressible"
+    ):
         g.conv(x, w)
 
 
 @pytest.mark.parametrize(
     ("a", "b", "match"),
     [
-        (([2, 3, 4], DType.F32), ([2, 5, 6], DType.F32), r"matmul: expected \[b,m,k\] @ \[b,k,n\], found \[2,3,4\] @ \[2,5,6\]"),
+        (
+            ([2, 3, 4], DType.F32),
+            ([2, 5, 6], DType.F32),
+            r"matmul: expected \[b,m,k\] @ \[b,k,n\], found \[2,3,4\] @ \[2,5,6\]",
+        ),
         (([2, 3, 4], DType.F32), ([3, 4, 6], DType.F32), "expected"),
         (([3, 4], DType.F32), ([4, 6], DType.F32), "expected"),
         (([1, 3, 4], DType.F32), ([1, 4, 6], DType.F64), r"matmul: dtypes differ \(f32 and f64\)"),
@@ -779,8 +808,10 @@ def test_select_with_equal_branches_vanishes():
 
 @pytest.mark.parametrize(
     ("cond", "b", "match"),
-    [(DType.F32, DType.F32, "select: condition must be bool, found f32"),
-     (DType.BOOL, DType.F64, r"select: branch dtypes differ \(f32 and f64\)")],
+    [
+        (DType.F32, DType.F32, "select: condition must be bool, found f32"),
+        (DType.BOOL, DType.F64, r"select: branch dtypes differ \(f32 and f64\)"),
+    ],
 )
 def test_select_validation(cond, b, match):
     g, x = graph_with([2])
@@ -924,7 +955,11 @@ def test_dtype_kinds_partition_the_types(dtype):
 
 def test_dtype_c_types():
     assert [DType.F32.c, DType.F16.c, DType.I64.c, DType.U8.c, DType.BOOL.c] == [
-        "float", "half", "long long", "unsigned char", "bool",
+        "float",
+        "half",
+        "long long",
+        "unsigned char",
+        "bool",
     ]
 
 
@@ -965,8 +1000,16 @@ def test_attention_without_mask_has_three_operands():
 @pytest.mark.parametrize(
     ("build", "text"),
     [
-        (lambda g, x: g.conv(x, g.constant(np.zeros((4, 2, 3, 3), np.float32)), (1, 1), (0, 0), (2, 2), 2), "s=1 p=0 d=2 g=2"),
-        (lambda g, x: g.conv(x, g.constant(np.zeros((2, 4, 1, 3), np.float32)), (2, 2), (0, 1)), "s=2 p=0x1"),
+        (
+            lambda g, x: g.conv(
+                x, g.constant(np.zeros((4, 2, 3, 3), np.float32)), (1, 1), (0, 0), (2, 2), 2
+            ),
+            "s=1 p=0 d=2 g=2",
+        ),
+        (
+            lambda g, x: g.conv(x, g.constant(np.zeros((2, 4, 1, 3), np.float32)), (2, 2), (0, 1)),
+            "s=2 p=0x1",
+        ),
         (lambda g, x: g.slice(x, 2, 1, None, 2), "axis=2 start=1 step=2"),
         (lambda g, x: g.reduce(x, [3, 1], ReduceOp.MEAN), "axes=[1, 3]"),
         (lambda g, x: g.permute(x, [0, 2, 3, 1]), "perm=[0, 2, 3, 1]"),

@@ -54,7 +54,10 @@ def test_gelu_and_silu_match_formulas(rng):
 
 
 # -- shape helpers --------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("axes", "shape"), [([0], [1, 2, 3]), ([-1], [2, 3, 1]), ([0, 3], [1, 2, 3, 1]), ([1, 2], [2, 1, 1, 3])])
+@pytest.mark.parametrize(
+    ("axes", "shape"),
+    [([0], [1, 2, 3]), ([-1], [2, 3, 1]), ([0, 3], [1, 2, 3, 1]), ([1, 2], [2, 1, 1, 3])],
+)
 def test_unsqueeze(axes, shape):
     g, x = graph_with([2, 3])
     assert g.shape(g.unsqueeze(x, axes)) == Shape.from_seq(shape)
@@ -77,7 +80,9 @@ def test_squeeze():
         g.squeeze(x, [4])
 
 
-@pytest.mark.parametrize(("axis", "shape"), [(0, [1, 24]), (1, [2, 12]), (2, [6, 4]), (3, [24, 1]), (-1, [6, 4])])
+@pytest.mark.parametrize(
+    ("axis", "shape"), [(0, [1, 24]), (1, [2, 12]), (2, [6, 4]), (3, [24, 1]), (-1, [6, 4])]
+)
 def test_flatten(axis, shape):
     g, x = graph_with([2, 3, 4])
     assert g.shape(g.flatten(x, axis)) == Shape.from_seq(shape)
@@ -103,7 +108,9 @@ def test_repeat_tiles_like_numpy(axis):
 def test_repeat_interleave_like_numpy_repeat(axis):
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     g, x = graph_with([2, 3])
-    np.testing.assert_array_equal(run(g, g.repeat_interleave(x, axis, 2), a), np.repeat(a, 2, axis=axis))
+    np.testing.assert_array_equal(
+        run(g, g.repeat_interleave(x, axis, 2), a), np.repeat(a, 2, axis=axis)
+    )
 
 
 @pytest.mark.parametrize("builder", ["repeat", "repeat_interleave"])
@@ -141,7 +148,9 @@ def test_pad_modes_match_np_pad(pads, mode, rng):
 def test_pad_wrap_wider_than_the_axis_matches_np_pad():
     a = np.arange(3, dtype=np.int32)
     g, x = graph_with([3], DType.I32)
-    np.testing.assert_array_equal(run(g, g.pad(x, [(5, 7)], "wrap"), a), np.pad(a, [(5, 7)], mode="wrap"))
+    np.testing.assert_array_equal(
+        run(g, g.pad(x, [(5, 7)], "wrap"), a), np.pad(a, [(5, 7)], mode="wrap")
+    )
 
 
 @pytest.mark.parametrize("pads", [[(-1, 0)], [(0, -2)], [(-1, 3)], [(2, -3)], [(-2, -2)]])
@@ -180,7 +189,6 @@ def test_pad_non_constant_mode_needs_fixed_axis():
     g, x = graph_with([B])
     with pytest.raises(GraphError, match=r"pad \(edge\): axis 0 size must be a fixed number"):
         g.pad(x, [(1, 1)], "edge")
-
 
 
 # -- matmul_nd and linear ---------------------------------------------------------------------------
@@ -275,9 +283,14 @@ def naive_pool(x, kind, kernel, stride, pads, dilation, ceil_mode, count_include
         for oidx in np.ndindex(*outs):
             vals, count = [], 0
             for kidx in np.ndindex(*kernel):
-                pos = [o * s - pb + j * d for o, s, (pb, _), j, d in zip(oidx, stride, pads, kidx, dilation, strict=True)]
+                pos = [
+                    o * s - pb + j * d
+                    for o, s, (pb, _), j, d in zip(oidx, stride, pads, kidx, dilation, strict=True)
+                ]
                 inside = all(0 <= p < n for p, n in zip(pos, spatial, strict=True))
-                in_padded = all(-pb <= p < n + pa for p, n, (pb, pa) in zip(pos, spatial, pads, strict=True))
+                in_padded = all(
+                    -pb <= p < n + pa for p, n, (pb, pa) in zip(pos, spatial, pads, strict=True)
+                )
                 if inside:
                     vals.append(x[lidx + tuple(pos)])
                 if inside or (count_include_pad and in_padded):
@@ -305,14 +318,18 @@ POOL_CASES = [
 @pytest.mark.parametrize(("kernel", "stride", "pads", "dilation", "ceil_mode"), POOL_CASES)
 @pytest.mark.parametrize("kind", ["max", "avg"])
 @pytest.mark.parametrize("count_include_pad", [False, True])
-def test_pool_2d_matches_naive_reference(kernel, stride, pads, dilation, ceil_mode, kind, count_include_pad, rng):
+def test_pool_2d_matches_naive_reference(
+    kernel, stride, pads, dilation, ceil_mode, kind, count_include_pad, rng
+):
     if kind == "max" and count_include_pad:
         count_include_pad = False  # meaningless for max: the pair collapses onto one case
     a = rng.standard_normal((2, 3, 7, 8)).astype(np.float32)
     g, x = graph_with([2, 3, 7, 8])
     y = g.pool(x, kind, kernel, stride, pads, dilation, ceil_mode, count_include_pad)
     got = run(g, y, a)
-    ref = naive_pool(a.astype(np.float64), kind, kernel, stride, pads, dilation, ceil_mode, count_include_pad)
+    ref = naive_pool(
+        a.astype(np.float64), kind, kernel, stride, pads, dilation, ceil_mode, count_include_pad
+    )
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
@@ -326,7 +343,9 @@ def test_pool_1d_and_3d(kind, rng):
         a = rng.standard_normal(shape).astype(np.float32)
         g, x = graph_with(shape)
         got = run(g, g.pool(x, kind, kernel, stride, pads), a)
-        ref = naive_pool(a.astype(np.float64), kind, kernel, stride, pads, (1,) * len(kernel), False, False)
+        ref = naive_pool(
+            a.astype(np.float64), kind, kernel, stride, pads, (1,) * len(kernel), False, False
+        )
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
@@ -342,7 +361,9 @@ def test_pool_symbolic_batch(rng):
     y = g.pool(x, "avg", (2, 2), (2, 2))
     assert g.shape(y) == Shape.of(B, 1, 2, 2)
     a = rng.standard_normal((3, 1, 4, 4)).astype(np.float32)
-    np.testing.assert_allclose(run(g, y, a), a.reshape(3, 1, 2, 2, 2, 2).mean(axis=(3, 5)), rtol=1e-6)
+    np.testing.assert_allclose(
+        run(g, y, a), a.reshape(3, 1, 2, 2, 2, 2).mean(axis=(3, 5)), rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize(
@@ -350,9 +371,19 @@ def test_pool_symbolic_batch(rng):
     [
         ([1, 4], DType.F32, {"kernel": ()}, "pool: kernel"),
         ([4], DType.F32, {"kernel": (2, 2)}, r"pool: kernel \[2, 2\] does not fit input \[4\]"),
-        ([1, 4], DType.I32, {"kernel": (2,), "kind": "avg"}, "avg pool: expected a float operand, found i32"),
+        (
+            [1, 4],
+            DType.I32,
+            {"kernel": (2,), "kind": "avg"},
+            "avg pool: expected a float operand, found i32",
+        ),
         ([1, 4], DType.F32, {"kernel": (2,), "stride": (1, 1)}, "one entry per axis"),
-        ([1, 4], DType.F32, {"kernel": (0,)}, "pool: invalid kernel/stride/dilation/pads on axis 0"),
+        (
+            [1, 4],
+            DType.F32,
+            {"kernel": (0,)},
+            "pool: invalid kernel/stride/dilation/pads on axis 0",
+        ),
         ([1, 4], DType.F32, {"kernel": (2,), "pads": ((-1, 0),)}, "pool: invalid"),
         ([1, 4], DType.F32, {"kernel": (6,)}, "larger than padded input"),
         ([1, B], DType.F32, {"kernel": (2,)}, "pool: spatial size must be a fixed number"),
@@ -410,7 +441,9 @@ def test_layer_norm_over_trailing_axes_with_affine(axis, rng):
     g, x = graph_with([2, 3, 4], DType.F64)
     y = g.layer_norm(x, axis, 1e-5, g.constant(scale), g.constant(bias))
     axes = tuple(range(axis % 3, 3))
-    np.testing.assert_allclose(run(g, y, a), np_norm(a, axes, 1e-5) * scale + bias, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        run(g, y, a), np_norm(a, axes, 1e-5) * scale + bias, rtol=1e-10, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("groups", [1, 2, 6])
@@ -435,7 +468,9 @@ def test_group_norm_without_affine_and_symbolic_batch(rng):
 @pytest.mark.parametrize("groups", [4, 5])
 def test_group_norm_groups_must_divide_channels(groups):
     g, x = graph_with([1, 6, 2])
-    with pytest.raises(GraphError, match=f"group_norm: 6 channels not divisible into {groups} groups"):
+    with pytest.raises(
+        GraphError, match=f"group_norm: 6 channels not divisible into {groups} groups"
+    ):
         g.group_norm(x, groups, 1e-5)
 
 
@@ -453,4 +488,6 @@ def test_norms_of_f16_compute_in_f32(rng):
     g, x = graph_with([2, 8], DType.F16)
     got = run(g, g.layer_norm(x, -1, 1e-5), a)
     assert got.dtype == np.float16
-    np.testing.assert_allclose(got, np_norm(a.astype(np.float32), (1,), 1e-5).astype(np.float16), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(
+        got, np_norm(a.astype(np.float32), (1,), 1e-5).astype(np.float16), rtol=2e-3, atol=2e-3
+    )

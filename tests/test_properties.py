@@ -117,7 +117,9 @@ def test_shape_eval_and_size_commute(dims, env):
 # -- infer_symbols ---------------------------------------------------------------------------------
 @FAST
 @given(
-    st.lists(st.lists(sizes(min_factor=1, max_factor=3), min_size=0, max_size=3), min_size=1, max_size=3),
+    st.lists(
+        st.lists(sizes(min_factor=1, max_factor=3), min_size=0, max_size=3), min_size=1, max_size=3
+    ),
     st.fixed_dictionaries({s: st.integers(1, 9) for s in SYMBOLS}),
 )
 def test_infer_symbols_recovers_the_bindings_or_says_it_cannot(dims, env):
@@ -134,7 +136,9 @@ def test_infer_symbols_recovers_the_bindings_or_says_it_cannot(dims, env):
 
 @FAST
 @given(
-    st.lists(st.lists(sizes(min_factor=1, max_factor=3), min_size=1, max_size=3), min_size=1, max_size=3),
+    st.lists(
+        st.lists(sizes(min_factor=1, max_factor=3), min_size=1, max_size=3), min_size=1, max_size=3
+    ),
     st.fixed_dictionaries({s: st.integers(1, 9) for s in SYMBOLS}),
     st.data(),
 )
@@ -267,7 +271,9 @@ def _apply(g: Graph, x, a: np.ndarray, step):
             return g.flip(x, arg), np.flip(a, arg)
         case "gather":
             axis, idx = arg
-            return g.gather(x, axis, g.constant(np.array(idx, np.int64))), np.take(a, idx, axis=axis)
+            return g.gather(x, axis, g.constant(np.array(idx, np.int64))), np.take(
+                a, idx, axis=axis
+            )
         case "broadcast":
             return g.broadcast(x, arg), np.broadcast_to(a, arg)
         case "unsqueeze":
@@ -335,7 +341,16 @@ batch_dims = st.lists(st.integers(1, 3), max_size=3)
 
 
 @SLOW
-@given(batch_dims, batch_dims, st.integers(1, 3), st.integers(0, 3), st.integers(1, 3), st.booleans(), st.booleans(), st.data())
+@given(
+    batch_dims,
+    batch_dims,
+    st.integers(1, 3),
+    st.integers(0, 3),
+    st.integers(1, 3),
+    st.booleans(),
+    st.booleans(),
+    st.data(),
+)
 def test_matmul_nd_matches_np_matmul(ba, bb, m, k, n, a_vec, b_vec, data):
     # make the batch dims broadcastable by replacing clashes with 1
     r = max(len(ba), len(bb))

@@ -34,7 +34,9 @@ def test_sym_and_fixed_queries():
 
 def test_as_int_raises_on_symbolic_size_naming_what():
     assert Size(5).as_int() == 5
-    with pytest.raises(GraphError, match=r"kernel must be a fixed number, found symbolic size 2\*B"):
+    with pytest.raises(
+        GraphError, match=r"kernel must be a fixed number, found symbolic size 2\*B"
+    ):
         (2 * B).as_int("kernel")
 
 
@@ -138,8 +140,15 @@ def test_mod():
 
 @pytest.mark.parametrize(
     ("d", "n", "expected"),
-    [(Size(3), Size(6), True), (Size(3), Size(4), False), (Size(2), 4 * B, True),
-     (Size(3), 4 * B, False), (B, B * S, True), (S, 2 * B, False), (Size(5), Size(0), True)],
+    [
+        (Size(3), Size(6), True),
+        (Size(3), Size(4), False),
+        (Size(2), 4 * B, True),
+        (Size(3), 4 * B, False),
+        (B, B * S, True),
+        (S, 2 * B, False),
+        (Size(5), Size(0), True),
+    ],
 )
 def test_divides_is_exact(d, n, expected):
     assert d.divides(n) is expected
@@ -148,8 +157,15 @@ def test_divides_is_exact(d, n, expected):
 # -- printing and evaluation --------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("size", "text"),
-    [(Size(4), "4"), (B, "B"), (2 * B, "2*B"), (B * B, "B^2"), (3 * B * B * S, "3*B^2*S"),
-     (Size(0), "0"), (-B, "-1*B")],
+    [
+        (Size(4), "4"),
+        (B, "B"),
+        (2 * B, "2*B"),
+        (B * B, "B^2"),
+        (3 * B * B * S, "3*B^2*S"),
+        (Size(0), "0"),
+        (-B, "-1*B"),
+    ],
 )
 def test_size_printing(size, text):
     assert str(size) == text
@@ -169,7 +185,9 @@ def test_eval_substitutes_every_symbol():
 
 
 def test_eval_without_binding_names_symbol_and_size():
-    with pytest.raises(ShapeMismatchError, match=r"no value for size symbol 'S' \(in size 2\*B\*S\)"):
+    with pytest.raises(
+        ShapeMismatchError, match=r"no value for size symbol 'S' \(in size 2\*B\*S\)"
+    ):
         (2 * B * S).eval({"B": 1})
 
 
@@ -241,7 +259,9 @@ def test_infer_known_binding_contradicted_names_input_and_axis():
 
 
 def test_infer_fixed_dim_mismatch_names_input_and_axis():
-    with pytest.raises(ShapeMismatchError, match=r"^image, axis 2: expected size 224 = 224 .*found 225$"):
+    with pytest.raises(
+        ShapeMismatchError, match=r"^image, axis 2: expected size 224 = 224 .*found 225$"
+    ):
         infer_symbols([Shape.of(B, 3, 224)], [(1, 3, 225)], names=["image"])
 
 
