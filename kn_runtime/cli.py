@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from kn_graph.cpu import bind_inputs
+from kn_graph.dtype import DType
 from kn_graph.errors import KnError
 from kn_graph.graph import Graph
 from kn_graph.onnx import load_onnx
-from kn_graph.shape import BATCH
+from kn_graph.shape import BATCH, infer_symbols
 from kn_runtime.device import Device
 
 __all__ = ["default_model_path", "main", "random_inputs"]
@@ -104,36 +105,46 @@ def _run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     graph, optimized = _optimize(graph, not args.no_optimize)
     t_opt = time.perf_counter() - t0
-    print(f"model: {path.name}  load {t_load * 1e3:.1f} ms, {n_loaded} values", end="")
-    print(f"  -> optimized {len(graph)} values in {t_opt * 1e3:.1f} ms" if optimized else "")
+    line = f"model: {path.name}  load {t_load * 1e3:.1f} ms, {n_loaded} values"
+    if optimized:
+        line += f"  -> optimized {len(graph)} values in {t_opt * 1e3:.1f} ms"
+    print(line, flush=True)
     if args.print_graph:
         print(graph)
 
     device = {"cpu": Device.cpu, "cuda": Device.cuda, "best": Device.best}[args.device]()
     given = {k: np.load(v) for k, v in _parse_kv(args.input, "--input").items()}
     dims = {k: int(v) for k, v in _parse_kv(args.dim, "--dim").items()}
-    batch = args.batch if args.batch is not None else dims.pop(BATCH, 1)
-    bindings = {BATCH: batch, **dims}
-    for v in graph.inputs:
-        for s in graph[v].shape.symbols:
-            bindings.setdefault(s, 1)
+    fixed = dict(dims)
+    if args.batch is not None:
+        fixed[BATCH] = args.batch
+    unknown = sorted(set(given) - set(graph.input_names))
+    if unknown:
+        raise SystemExit(f"kn-run: --input names {unknown} are not inputs of the model ({graph.input_names})")
+    given_inputs = [(n, v) for n, v in zip(graph.input_names, graph.inputs, strict=True) if n in given]
+    # symbols come from --batch/--dim, then from the shapes of given inputs, else default to 1
+    solved = infer_symbols(
+        [graph[v].shape for _, v in given_inputs],
+        [given[n].shape for n, _ in given_inputs],
+        [f"input '{n}'" for n, _ in given_inputs],
+        fixed,
+    )
+    bindings = {s: 1 for v in graph.inputs for s in graph[v].shape.symbols} | solved
     inputs = random_inputs(graph, bindings)
     for i, name in enumerate(graph.input_names):
         if name in given:
-            inputs[i] = given.pop(name)
-    if given:
-        raise SystemExit(f"kn-run: --input names {sorted(given)} are not inputs of the model ({graph.input_names})")
-    bindings = bind_inputs(graph, inputs, batch if any(BATCH in graph[v].shape.symbols for v in graph.inputs) else None)[1]
+            inputs[i] = given[name]
+    bindings = bind_inputs(graph, inputs)[1]
 
     prepared = device.prepare(graph)
     t0 = time.perf_counter()
     outputs = prepared.eval(inputs)
     t_first = time.perf_counter() - t0
     sym = ", ".join(f"{k}={v}" for k, v in sorted(bindings.items()))
-    print(f"device: {device}  inputs: " + ", ".join(f"{n} {a.dtype}{list(a.shape)}" for n, a in zip(graph.input_names, inputs, strict=True)) + (f"  ({sym})" if sym else ""))
+    print(f"device: {device}  inputs: " + ", ".join(f"{n} {DType.from_np(a.dtype)}{list(a.shape)}" for n, a in zip(graph.input_names, inputs, strict=True)) + (f"  ({sym})" if sym else ""))
     for name, a in zip(graph.output_names, outputs, strict=True):
         checksum = float(np.sum(a.astype(np.float64))) if a.size else 0.0
-        print(f"output {name}: {a.dtype}{list(a.shape)}  sum={checksum:.6g}  mean_abs={float(np.mean(np.abs(a.astype(np.float64)))) if a.size else 0.0:.6g}")
+        print(f"output {name}: {DType.from_np(a.dtype)}{list(a.shape)}  sum={checksum:.6g}  mean_abs={float(np.mean(np.abs(a.astype(np.float64)))) if a.size else 0.0:.6g}")
     times = [t_first]
     if args.bench:
         times = []
