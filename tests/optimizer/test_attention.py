@@ -504,3 +504,16 @@ def test_f16_block_is_detected_and_matches():
     opt = optimize(g, only("detect_attention"))
     assert op_counts(opt)["attention"] == 1
     assert_same(g, opt, rel=3e-3)
+
+
+@pytest.mark.parametrize("fixture", ["sd_unet_tiny", "sd_vae_decoder_tiny"])
+def test_diffusion_attention_blocks_are_detected(fixture):
+    # self- and cross-attention of the UNet's transformer blocks, the VAE's single-head mid block
+    from kn_graph.onnx import load_onnx
+
+    softmaxes = sum(n.op_type == "Softmax" for n in onnx.load(MODELS / f"{fixture}.onnx").graph.node)
+    g = load_onnx(MODELS / f"{fixture}.onnx")
+    opt = optimize(g)
+    assert op_counts(opt)["attention"] == softmaxes and op_counts(opt)["softmax"] == 0
+    inputs = _bindings(fixture)[1]
+    assert_same(g, opt, inputs=[inputs[n] for n in g.input_names], rel=1e-5)
