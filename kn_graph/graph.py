@@ -192,7 +192,14 @@ class Graph(NNBuilders):
     # -- inputs, outputs, constants ----------------------------------------------------------------
     def input(self, shape: Shape | Sequence[SizeLike], dtype: DType, name: str = "") -> Value:
         shape = shape if isinstance(shape, Shape) else Shape.from_seq(shape)
-        v = self._push(shape, dtype, Input(len(self.inputs)), name or f"input{len(self.inputs)}")
+        used = set(self.input_names)  # inputs can be passed by name: names must be unique
+        if name in used:
+            raise GraphError(f"input: the name '{name}' is already taken by another input")
+        k = len(self.inputs)
+        while not name:
+            name = f"input{k}" if f"input{k}" not in used else ""
+            k += 1
+        v = self._push(shape, dtype, Input(len(self.inputs)), name)
         self.inputs.append(v)
         return v
 

@@ -84,6 +84,18 @@ def test_inputs_are_never_shared():
     assert isinstance(g[b].op, Input) and g[b].op.index == 1
 
 
+def test_input_names_are_unique():
+    g = Graph()
+    g.input([1], DType.F32, "input1")
+    g.input([1], DType.F32)  # the default name skips the taken one
+    g.input([1], DType.F32)
+    assert g.input_names == ["input1", "input2", "input3"]
+    with pytest.raises(
+        GraphError, match="input: the name 'input2' is already taken by another input"
+    ):
+        g.input([1], DType.F32, "input2")
+
+
 def test_nodes_differing_in_attribute_are_distinct():
     g, x = graph_with([4, 4])
     assert g.softmax(x, 0) != g.softmax(x, 1)
