@@ -28,6 +28,18 @@ class Size:
     factor: int
     terms: tuple[tuple[str, int], ...] = ()
 
+    def __post_init__(self) -> None:
+        # canonical form, so equal sizes compare and hash equal (hash-consing relies on it)
+        if self.factor == 0 and self.terms:
+            object.__setattr__(self, "terms", ())
+        elif self.terms and (
+            any(e <= 0 for _, e in self.terms) or list(self.terms) != sorted(self.terms)
+        ):
+            merged: dict[str, int] = {}
+            for s, e in self.terms:
+                merged[s] = merged.get(s, 0) + e
+            object.__setattr__(self, "terms", tuple(sorted((s, e) for s, e in merged.items() if e)))
+
     @staticmethod
     def fixed(n: int) -> Size:
         return Size(int(n))
