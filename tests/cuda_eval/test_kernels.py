@@ -42,7 +42,9 @@ def test_compile_error_carries_log_and_numbered_source() -> None:
 
 def test_compiled_kernels_are_cached_on_disk(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("KN_KERNEL_CACHE", str(tmp_path))
-    k = Kernel("kn_tiny", 'extern "C" __global__ void kn_tiny(float* x) { x[threadIdx.x] *= 2.f; }\n')
+    k = Kernel(
+        "kn_tiny", 'extern "C" __global__ void kn_tiny(float* x) { x[threadIdx.x] *= 2.f; }\n'
+    )
     first = kc.compile_kernel(k, 90)
     assert first.cubin[:4] == b"\x7fELF" and first.registers > 0
     assert list(tmp_path.rglob("*.cubin"))
