@@ -80,7 +80,7 @@ def emulate(
                 f"input '{name}': expected {v.dtype}{list(v.shape)}, found {a.dtype}{list(a.shape)}"
             )
         _store(arena, v, a)
-    _store(arena, plan.status, np.uint32(0))
+    _store(arena, plan.status, np.zeros((), np.uint32))
     for k, s in enumerate(plan.steps):
         try:
             _step(arena, s)
@@ -140,9 +140,9 @@ def _gemm(arena: np.ndarray, s: st.MatMul) -> None:
     opb = b.transpose(0, 2, 1) if s.transb else b
     assert opa.shape[1:] == (s.m, s.k) and opb.shape[1:] == (s.k, s.n), (opa.shape, opb.shape, s)
     with np.errstate(all="ignore"):
-        c = ct(s.alpha) * np.matmul(opa, opb)
+        c = np.matmul(opa, opb) * ct(s.alpha)
         if s.beta != 0:
-            c = c + ct(s.beta) * _matrix(arena, s.c).astype(ct)
+            c = c + np.multiply(_matrix(arena, s.c).astype(ct), ct(s.beta))
     _store(arena, s.c, c.transpose(0, 2, 1))
 
 
@@ -211,14 +211,16 @@ def _reduce(x: np.ndarray, op: ReduceOp, nred: int, xdt: DType, odt: DType) -> n
                 else:
                     info = np.iinfo(ct)
                     init = info.max if hi else info.min
-                f = np.min if hi else np.max
-                return f(xa, axis=axes, initial=init)
+                if hi:
+                    return np.min(xa, axis=axes, initial=init)
+                return np.max(xa, axis=axes, initial=init)
             case ReduceOp.ARGMIN | ReduceOp.ARGMAX:
                 flat = xa.reshape((*x.shape[: x.ndim - nred], -1))
                 if flat.shape[-1] == 0:
                     return np.zeros(flat.shape[:-1], np.int64)
-                f = np.argmin if op is ReduceOp.ARGMIN else np.argmax
-                return f(flat, axis=-1).astype(np.int64)
+                if op is ReduceOp.ARGMIN:
+                    return np.argmin(flat, axis=-1).astype(np.int64)
+                return np.argmax(flat, axis=-1).astype(np.int64)
             case _:
                 assert_never(op)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,10 @@ from kn_cuda_eval.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.errors import PlanError
 from kn_graph.graph import Graph
+
+if TYPE_CHECKING:
+    from kn_cuda_eval.kernels.launch import KernelLaunch
+    from kn_cuda_eval.planner import PlanSettings
 
 __all__ = ["Plan", "plan"]
 
@@ -61,11 +66,11 @@ class Plan:
             n_steps=len(self.steps),
         )
 
-    def kernels(self) -> list[object]:
+    def kernels(self) -> list[KernelLaunch]:
         """The launches of the generated kernels, one per step that has one (in step order)."""
         from kn_cuda_eval.kernels.codegen import launch_for
 
-        out = []
+        out: list[KernelLaunch] = []
         for s in self.steps:
             launch = launch_for(s, self.status)
             if launch is not None:
@@ -172,13 +177,13 @@ def plan(
     graph: Graph,
     batch_size: int | None = None,
     bindings: Mapping[str, int] | None = None,
-    settings: object | None = None,
+    settings: PlanSettings | None = None,
 ) -> Plan:
     """Plan `graph` for concrete sizes: B from `batch_size`, other symbols from `bindings`.
     Pure Python; no GPU, no CuPy."""
     from kn_cuda_eval.planner import PlanSettings, _Planner, bind_symbols
 
-    sets = settings if isinstance(settings, PlanSettings) else PlanSettings()
+    sets = settings if settings is not None else PlanSettings()
     binds = bind_symbols(graph, batch_size, bindings)
     p = _Planner(graph, binds, sets)
     p.run()
@@ -209,16 +214,19 @@ def _finish(graph: Graph, p: object, binds: dict[str, int]) -> Plan:
                 )
     end = max(n - 1, 0)
     in_views = [p.state[v.index] for v in graph.inputs]
-    out_views = [p.state[v.index] for v in graph.outputs]
+    out_views: list[StridedView] = []
+    for out in graph.outputs:
+        state = p.state[out.index]
+        assert isinstance(state, StridedView), "outputs are materialised"
+        out_views.append(state)
     for b, buf in enumerate(p.bufs):
         if buf.kind is BufferKind.INPUT:
             first[b] = 0
             last[b] = max(last[b], 0)
         elif first[b] < 0 and last[b] >= 0:  # read, never written: only empty buffers
             first[b] = last[b]
-    for v in out_views:
-        assert isinstance(v, StridedView)
-        b = v.offset >> _ID_SHIFT
+    for ov in out_views:
+        b = ov.offset >> _ID_SHIFT
         first[b] = max(first[b], 0) if first[b] >= 0 else end
         last[b] = end
     # constants: their own region, in first-use order
