@@ -349,3 +349,11 @@ def test_split_with_symbolic_sizes_from_shapes() -> None:
     x = RNG.standard_normal((2, 5)).astype(np.float32)
     g = check(nodes, {"x": x}, ["a", "b"], inits={"zero": i64(0)}, dims={"x": [2, "seq"]}, more=[{"x": x7}])
     assert g[g.outputs[1]].shape == Shape.of(2, 0)
+
+
+def test_squeeze_with_empty_axes_is_refused() -> None:
+    """onnxruntime squeezes every size-1 axis for axes=[], the ONNX reference none: refuse."""
+    x = np.zeros((1, 3), np.float32)
+    m = make_model([node("Squeeze", ["x", "a"], ["y"])], {"x": x}, ["y"], inits={"a": np.zeros(0, np.int64)})
+    with pytest.raises(UnsupportedOnnxError, match="empty axes"):
+        load_onnx(m)

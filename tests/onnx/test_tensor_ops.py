@@ -341,3 +341,11 @@ def test_slice_infinite_bounds_on_symbolic_axis(start: int, end: int, length: in
               dims={"x": [3, "seq", 5]}, more=[{"x": x7}])
     want = Size.sym("seq") if length == "seq" else Size(length)
     assert g[g.outputs[0]].shape == Shape.of(3, want, 5)
+
+
+def test_slice_int_max_end_with_negative_step_is_refused() -> None:
+    """The spec clamps such an end to the last element, onnxruntime reads it as "to the start"."""
+    inits = {"s": i64(2), "e": i64(2**31 - 1), "a": i64(0), "t": i64(-1)}
+    m = make_model([node("Slice", ["x", "s", "e", "a", "t"], ["y"])], {"x": X}, ["y"], inits=inits)
+    with pytest.raises(UnsupportedOnnxError, match="disagree"):
+        load_onnx(m)

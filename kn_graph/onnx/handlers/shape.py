@@ -139,6 +139,9 @@ def dropout(ctx: NodeContext) -> Result | list[Result | None]:
 
 # -- reshaping -------------------------------------------------------------------------------------
 def _reshape_to(ctx: NodeContext, out: Shape) -> Result:
+    in_shape = ctx.input_shape(0)
+    if in_shape.size() != out.size():
+        ctx.unsupported(f"cannot reshape {in_shape} to {out} (element counts differ)")
     r = ctx.raw_input(0)
     if isinstance(r, Known):
         return known_apply(r, lambda a: a.reshape(out.fixed_dims()))
@@ -194,6 +197,8 @@ def flatten(ctx: NodeContext) -> Result:
 def squeeze(ctx: NodeContext) -> Result:
     shape = ctx.input_shape(0)
     axes = _axes(ctx, 1, 13)
+    if axes == []:
+        ctx.unsupported("empty axes: onnxruntime squeezes every size-1 axis, the reference none")
     if axes is None:
         if not shape.is_fixed:
             ctx.unsupported(f"squeeze without axes on symbolic shape {shape} (a size may be 1)")

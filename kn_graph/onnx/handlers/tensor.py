@@ -98,6 +98,11 @@ def slice_(ctx: NodeContext) -> Result:
     norm = [axis_of(ctx, a, rank) for a in axes]
     if len(set(norm)) != len(norm) or 0 in steps:
         ctx.unsupported(f"repeated axes {axes} or a zero step {steps}")
+    for e, st in zip(ends, steps, strict=True):
+        if st < 0 and e.is_fixed and e.factor >= INT_BIG:
+            # the spec clamps it to the last element (an empty slice), onnxruntime reads "to the
+            # start": refuse rather than pick one
+            ctx.unsupported(f"end {e.factor} with negative step {st} (implementations disagree)")
     r = ctx.raw_input(0)
     fixed = all(s.is_fixed for s in starts + ends)
     if isinstance(r, Known) and fixed:
@@ -322,7 +327,7 @@ def pad(ctx: NodeContext) -> Result:
         per_axis[axis_of(ctx, a, rank)] = (pads[i], pads[i + len(axes)])
     shape = ctx.input_shape(0)
     for axis, (before, after) in enumerate(per_axis):
-        if shape[axis].is_fixed and shape[axis].factor + before + after < 0:
+        if shape[axis].is_fixed and shape[axis].factor - max(-before, 0) - max(-after, 0) < 0:
             ctx.unsupported(f"pads {before, after} crop more than the {shape[axis]} elements of axis {axis}")
     value = _pad_value(ctx, ctx.input_dtype(0))
     return ctx.graph.pad(ctx.input(0), per_axis, mode, value)  # type: ignore[arg-type]
