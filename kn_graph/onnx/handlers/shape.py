@@ -1,5 +1,5 @@
 """Shape and data-movement ONNX ops: Shape, Size, Reshape, Flatten, (Un)Squeeze, Transpose, Concat,
-Split, Expand, Tile, ConstantOfShape, Range, Constant, Identity, Dropout.
+Split, Expand, Tile, DepthToSpace, SpaceToDepth, ConstantOfShape, Range, Constant, Identity, Dropout.
 
 Each handler has a load-time path for `Known` inputs (shape tensors stay symbolic integer arrays,
 so `Reshape(x, Concat(Shape(x)[0], [-1]))` becomes a View with a symbolic batch dim) and a graph
@@ -350,6 +350,50 @@ def constant_of_shape(ctx: NodeContext) -> Result:
     if not dtype.is_float and _small(out):
         return known(np.full(out.fixed_dims(), value.reshape(-1)[0], dtype.np), dtype)
     return ctx.graph.full(value.reshape(-1)[0].item(), out, dtype)
+
+
+# -- blocks and channels ----------------------------------------------------------------------------
+def _nchw(ctx: NodeContext) -> tuple[Size, Size, Size, Size, int]:
+    shape = ctx.input_shape(0)
+    if shape.rank != 4:
+        ctx.unsupported(f"expected a 4-d NCHW input, found {shape}")
+    b = ctx.attr_int("blocksize")
+    if b < 1:
+        ctx.unsupported(f"blocksize {b}")
+    n, c, h, w = shape.dims
+    return n, c, h, w, b
+
+
+@onnx_op("DepthToSpace")
+def depth_to_space(ctx: NodeContext) -> Result:
+    n, c, h, w, b = _nchw(ctx)
+    mode = ctx.attr_str("mode", "DCR")
+    g = ctx.graph
+    x = ctx.input(0)
+    match mode:
+        case "DCR":
+            y = g.permute(g.view(x, Shape.of(n, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
+        case "CRD":
+            y = g.permute(g.view(x, Shape.of(n, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
+        case _:
+            ctx.unsupported(f"mode '{mode}'")
+    return g.view(y, Shape.of(n, c // (b * b), h * b, w * b))
+
+
+@onnx_op("SpaceToDepth")
+def space_to_depth(ctx: NodeContext) -> Result:
+    n, c, h, w, b = _nchw(ctx)
+    mode = ctx.attr_str("mode", "DCR")
+    g = ctx.graph
+    blocks = g.view(ctx.input(0), Shape.of(n, c, h // b, b, w // b, b))
+    match mode:
+        case "DCR":
+            y = g.permute(blocks, (0, 3, 5, 1, 2, 4))
+        case "CRD":
+            y = g.permute(blocks, (0, 1, 3, 5, 2, 4))
+        case _:
+            ctx.unsupported(f"mode '{mode}'")
+    return g.view(y, Shape.of(n, c * b * b, h // b, w // b))
 
 
 _STASH: dict[int, type] = {1: np.float32, 11: np.float64}

@@ -1,5 +1,5 @@
 """Indexing ONNX ops: Slice, Gather, GatherElements, GatherND, Compress, ReverseSequence, Pad,
-CenterCropPad, Trilu, OneHot, EyeLike, DepthToSpace, SpaceToDepth and Scatter (static indices).
+CenterCropPad, Trilu, OneHot, EyeLike and Scatter (static indices).
 
 All of them lower to the IR's Slice/Gather/Concat/Select/Iota: element indexing becomes one Gather
 over the flattened operand with linear indices (computed here when the indices are constants,
@@ -414,50 +414,6 @@ def one_hot(ctx: NodeContext) -> Result:
     out = idx_shape.insert(axis, depth)
     hit = g.binary(BinaryOp.EQ, g.iota(out, axis), g.view(idx, idx_shape.insert(axis, 1)))
     return g.select(hit, on, off)
-
-
-# -- blocks and channels ----------------------------------------------------------------------------
-def _nchw(ctx: NodeContext) -> tuple[Size, Size, Size, Size, int]:
-    shape = ctx.input_shape(0)
-    if shape.rank != 4:
-        ctx.unsupported(f"expected a 4-d NCHW input, found {shape}")
-    b = ctx.attr_int("blocksize")
-    if b < 1:
-        ctx.unsupported(f"blocksize {b}")
-    n, c, h, w = shape.dims
-    return n, c, h, w, b
-
-
-@onnx_op("DepthToSpace")
-def depth_to_space(ctx: NodeContext) -> Result:
-    n, c, h, w, b = _nchw(ctx)
-    mode = ctx.attr_str("mode", "DCR")
-    g = ctx.graph
-    x = ctx.input(0)
-    match mode:
-        case "DCR":
-            y = g.permute(g.view(x, Shape.of(n, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
-        case "CRD":
-            y = g.permute(g.view(x, Shape.of(n, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
-        case _:
-            ctx.unsupported(f"mode '{mode}'")
-    return g.view(y, Shape.of(n, c // (b * b), h * b, w * b))
-
-
-@onnx_op("SpaceToDepth")
-def space_to_depth(ctx: NodeContext) -> Result:
-    n, c, h, w, b = _nchw(ctx)
-    mode = ctx.attr_str("mode", "DCR")
-    g = ctx.graph
-    blocks = g.view(ctx.input(0), Shape.of(n, c, h // b, b, w // b, b))
-    match mode:
-        case "DCR":
-            y = g.permute(blocks, (0, 3, 5, 1, 2, 4))
-        case "CRD":
-            y = g.permute(blocks, (0, 1, 3, 5, 2, 4))
-        case _:
-            ctx.unsupported(f"mode '{mode}'")
-    return g.view(y, Shape.of(n, c * b * b, h // b, w // b))
 
 
 # -- scatter (static indices) -----------------------------------------------------------------------
