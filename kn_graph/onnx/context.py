@@ -212,8 +212,8 @@ class NodeContext:
         if arr is not None:
             return arr
         info = self.graph[r]
-        if isinstance(info.op, Input):
-            raise StaticInputRequiredError(self.name, self.op_type, self.node.input[i], what)
+        if isinstance(info.op, Input):  # named as the graph input, even when reached via an alias
+            raise StaticInputRequiredError(self.name, self.op_type, info.debug_name, what)
         folded = _fold_constant(self.graph, r)
         if isinstance(folded, np.ndarray):
             return folded

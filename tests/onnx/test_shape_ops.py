@@ -13,7 +13,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from kn_graph.cpu import evaluate
-from kn_graph.errors import UnsupportedOnnxError
+from kn_graph.errors import StaticInputRequiredError, UnsupportedOnnxError
 from kn_graph.graph import Graph
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import Broadcast, View
@@ -357,3 +357,15 @@ def test_squeeze_with_empty_axes_is_refused() -> None:
     m = make_model([node("Squeeze", ["x", "a"], ["y"])], {"x": x}, ["y"], inits={"a": np.zeros(0, np.int64)})
     with pytest.raises(UnsupportedOnnxError, match="empty axes"):
         load_onnx(m)
+
+
+def test_static_input_computed_from_a_graph_input_names_that_input() -> None:
+    """Reshape(x, Add(t, 0)) with t a graph input: the loader asks for t's value, then folds."""
+    nodes = [node("Add", ["t", "zero"], ["t2"]), node("Reshape", ["x", "t2"], ["y"])]
+    t = i64(4, 6)
+    m = make_model(nodes, {"x": X234, "t": t}, ["y"], inits={"zero": i64(0)})
+    with pytest.raises(StaticInputRequiredError) as e:
+        load_onnx(m)
+    assert e.value.input_name == "t"
+    g = load_onnx(m, input_values={"t": t})
+    np.testing.assert_array_equal(evaluate(g, [X234])[0], X234.reshape(4, 6))
