@@ -160,6 +160,9 @@ def _weights_along(ctx: NodeContext, w: np.ndarray, rank: int, axis: int, x: Val
     return ctx.graph.constant(w.reshape(shape).astype(ctx.graph.dtype(x).np))
 
 
+MAX_SIZE = 1 << 24
+"""The largest output size of a resized axis (its index tables are built at load time)."""
+
 MAX_GATHER_TAPS = 8
 """Wider kernels (antialiased downsampling) apply one dense [in, out] matrix instead of gathers."""
 
@@ -254,7 +257,7 @@ def _resize(ctx: NodeContext, interp: Interp) -> Value:
         if not (size.is_fixed and p.out.is_fixed):
             x = _symbolic_axis(ctx, x, p, interp)
             continue
-        if p.out.factor < 1 or size.factor < 1:
+        if not (1 <= p.out.factor <= MAX_SIZE and size.factor >= 1):
             ctx.unsupported(f"resizing axis {p.axis} from {size} to {p.out}")
         taps = axis_taps(
             _resolve_nearest(interp, p.scale), size.factor, p.out.factor, p.scale, p.roi

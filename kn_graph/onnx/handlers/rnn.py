@@ -67,7 +67,9 @@ def _layer(ctx: NodeContext, x: Value) -> Layer:
     if direction not in ("forward", "reverse", "bidirectional"):
         ctx.unsupported(f"direction '{direction}'")
     r_shape = g.shape(ctx.input(2))
-    hidden = ctx.attr_int("hidden_size", 0) or (r_shape.dims[-1].as_int("hidden size") if r_shape.rank else 0)
+    hidden = ctx.attr_int("hidden_size", 0) or (
+        r_shape.dims[-1].as_int("hidden size") if r_shape.rank else 0
+    )
     if hidden < 1:
         ctx.unsupported(f"hidden_size {hidden}")
     clip = ctx.attr_float("clip", 0.0) if ctx.has_attr("clip") else None
@@ -112,6 +114,14 @@ def _directions(ctx: NodeContext, x: Value, layer: Layer) -> list[Direction]:
     h0 = ctx.optional_input(5)
     c0 = ctx.optional_input(6) if layer.kind == "LSTM" else None
     p = ctx.optional_input(7) if layer.kind == "LSTM" else None
+    state = Shape.of(layer.directions, layer.batch, layer.hidden)
+    if layer.layout == 1:
+        state = Shape.of(layer.batch, layer.directions, layer.hidden)
+    for name, v in (("initial_h", h0), ("initial_c", c0)):
+        if v is not None and g.shape(v) != state:
+            ctx.unsupported(f"{name} {g.shape(v)}, expected {state}")
+    if p is not None and g.shape(p) != Shape.of(layer.directions, 3 * layer.hidden):
+        ctx.unsupported(f"P {g.shape(p)}, expected [{layer.directions}, {3 * layer.hidden}]")
     zeros = g.full(0.0, Shape.of(layer.batch, layer.hidden), g.dtype(x))
     acts = read_activations(ctx, _DEFAULT_ACTS[layer.kind], layer.directions)
     per = len(_DEFAULT_ACTS[layer.kind])

@@ -13,6 +13,10 @@ from kn_graph.shape import Shape
 __all__ = ["dft", "stft", "window"]
 
 
+MAX_MATRIX = 1 << 24
+"""Elements of the largest constant built (a DFT matrix of 2n x 2n real entries, n <= 2048)."""
+
+
 # -- windows --------------------------------------------------------------------------------------
 def _scalar_int(ctx: NodeContext, i: int, what: str) -> int:
     arr = np.asarray(ctx.input_static(i, what)).reshape(-1)
@@ -24,7 +28,7 @@ def _scalar_int(ctx: NodeContext, i: int, what: str) -> int:
 @onnx_op("HannWindow", "HammingWindow", "BlackmanWindow")
 def window(ctx: NodeContext) -> Result:
     size = _scalar_int(ctx, 0, "the window size")
-    if size < 0:
+    if not 0 <= size <= MAX_MATRIX:
         ctx.unsupported(f"window size {size}")
     dtype = onnx_dtype(ctx.attr_int("output_datatype", 1), f"node '{ctx.name}' output_datatype")
     periodic = bool(ctx.attr_int("periodic", 1))
@@ -91,6 +95,8 @@ def _transform(
         n = 2 * (length - 1) if inverse and onesided else length
     if n < 1:
         ctx.unsupported(f"dft_length {n}")
+    if (2 * n) * (2 * n) > MAX_MATRIX:
+        ctx.unsupported(f"dft_length {n} is too long for a dense DFT matrix")
     irfft = inverse and onesided
     bins = n // 2 + 1 if onesided else n
     used = min(length, bins if irfft else n)
