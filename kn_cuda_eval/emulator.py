@@ -249,11 +249,11 @@ def _attention(arena: np.ndarray, s: st.Attention) -> None:
     k = _nd(arena, s.k).astype(ct)
     v = _nd(arena, s.v).astype(ct)
     with np.errstate(all="ignore"):
-        sc = np.matmul(q, k.transpose(0, 2, 1)) * ct(s.scale)
+        sc = np.matmul(q, np.swapaxes(k, -1, -2)) * ct(s.scale)
         if s.mask is not None:
             sc = sc + _nd(arena, s.mask).astype(ct)
         if s.causal:
-            m, n = sc.shape[1], sc.shape[2]
+            m, n = sc.shape[-2], sc.shape[-1]
             above = np.arange(n)[None, :] > np.arange(m)[:, None] + (n - m)
             sc = np.where(above, ct(-np.inf), sc)
         _store(arena, s.out, np.matmul(_softmax(sc), v))

@@ -276,7 +276,14 @@ class _Planner:
         s = self.state[i]
         assert s is not None, f"value %{i} used before it was planned"
         if isinstance(s, st.Expr):
-            s = self.materialize(s, self.name(i))
+            op = self.g[self.val(i)].op
+            if isinstance(op, Broadcast) and math.prod(self.shape(op.x.index)) < math.prod(
+                self.shape(i)
+            ):
+                # store the small tensor and stretch it with zero strides, never the big one
+                s = self.mat(op.x.index).broadcast(self.shape(i))
+            else:
+                s = self.materialize(s, self.name(i))
             self.state[i] = s
         return s
 
@@ -381,6 +388,21 @@ class _Planner:
                 ) from e
         for v in self.g.outputs:
             self.mat(v.index)
+        self.drop_dead_steps()
+
+    def drop_dead_steps(self) -> None:
+        """Remove steps whose results nothing reads (e.g. a copy a fused kernel looked past)."""
+        needed: set[int] = set()
+        for v in self.g.outputs:
+            s = self.state[v.index]
+            assert isinstance(s, StridedView)
+            needed.add(s.offset >> _ID_SHIFT)
+        keep: list[st.Step] = []
+        for step in reversed(self.steps):
+            if any((w.offset >> _ID_SHIFT) in needed for w in step.writes()):
+                keep.append(step)
+                needed.update(r.offset >> _ID_SHIFT for r in step.reads())
+        self.steps = keep[::-1]
 
     def visit(self, i: int) -> None:
         info = self.g[self.val(i)]
@@ -657,19 +679,63 @@ class _Planner:
             self.visit(j)
 
     # -- attention ---------------------------------------------------------------------------
+    def head_view(self, i: int) -> StridedView | None:
+        """When value i is [b, m, d] = view of x [B1, B2, m, d] (heads split off the batch), x's
+        own 4-d view: the fused kernel walks both batch axes, so neither the permute of the heads
+        nor a broadcast over them (multi-query keys, a per-sequence mask) needs a copy. The
+        planned reshape of i, now unused, is dropped with the other dead steps."""
+        op = self.g[self.val(i)].op
+        if not isinstance(op, View):
+            return None
+        x = op.x.index
+        xs, s = self.shape(x), self.shape(i)
+        if len(xs) != 4 or xs[0] * xs[1] != s[0] or xs[2:] != s[1:]:
+            return None
+        xop = self.g[self.val(x)].op
+        st_x = self.state[x]
+        if isinstance(st_x, st.Expr) and isinstance(xop, Broadcast) and self.uses[x] == 1:
+            y = xop.x.index  # materialise the small tensor, broadcast it for free
+            if len(self.shape(y)) == 4:
+                return self.mat(y).broadcast(xs)
+        if isinstance(st_x, StridedView):
+            return st_x
+        return None
+
+    def attention_views(
+        self, ops: list[int], mats: list[StridedView], out: StridedView
+    ) -> list[StridedView]:
+        """Operand views [B1, B2, m, d] (and out) sharing one split of the batch axis."""
+        heads = [self.head_view(i) for i in ops]
+        split = next(((h.shape[0], h.shape[1]) for h in heads if h is not None), (out.shape[0], 1))
+        views = []
+        for i, h in zip(ops, heads, strict=True):
+            if h is None or h.shape[:2] != split:
+                v = mats[len(views)] if len(views) < len(mats) else self.mat(i)
+                h = v.reshape((*split, *v.shape[1:]))
+                assert h is not None, "splitting an axis never needs a copy"
+            views.append(h)
+        o = out.reshape((*split, *out.shape[1:]))
+        assert o is not None
+        return [*views, o]
+
     def visit_attention(
         self, i: int, q: int, k: int, v: int, mask: int | None, scale: float, causal: bool
     ) -> None:
         info = self.g[self.val(i)]
         out = self.temp(self.shape(i), info.dtype, self.name(i))
         self.state[i] = out
-        qv, kv, vv = self.mat(q), self.mat(k), self.mat(v)
         from kn_cuda_eval.kernels.attention import MAX_FUSED_DV
 
+        qv, kv, vv = self.mat(q), self.mat(k), self.mat(v)
+
         if self.s.fused_attention and vv.shape[2] <= MAX_FUSED_DV:
-            mv = None if mask is None else self.mat(mask)
+            ops = [q, k, v] if mask is None else [q, k, v, mask]
+            views = self.attention_views(ops, [qv, kv, vv], out)
             if out.numel > 0:
-                self.steps.append(st.Attention(qv, kv, vv, mv, out, scale, causal))
+                mv = views[3] if mask is not None else None
+                self.steps.append(
+                    st.Attention(views[0], views[1], views[2], mv, views[-1], scale, causal)
+                )
             return
         b, m, _ = qv.shape
         n = kv.shape[1]

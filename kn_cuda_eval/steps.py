@@ -283,8 +283,10 @@ class Gather:
 
 @dataclass(frozen=True, slots=True)
 class Attention:
-    """Fused softmax(q·kᵀ·scale + mask [+ causal])·v on q [b,m,d], k [b,n,d], v [b,n,dv]
-    (any strides), mask [b,m,n] or None, out [b,m,dv]; online softmax, nothing materialised."""
+    """Fused softmax(q·kᵀ·scale + mask [+ causal])·v on q [B1,B2,m,d], k [B1,B2,n,d],
+    v [B1,B2,n,dv], mask [B1,B2,m,n] or None, out [B1,B2,m,dv]: the batch is split in two axes
+    (batch, heads) so permuted or broadcast heads are read in place; any strides; online softmax,
+    nothing materialised."""
 
     q: StridedView
     k: StridedView

@@ -20,13 +20,15 @@ MAX_FUSED_DV = 256
 
 
 def attention_launch(s: st.Attention) -> KernelLaunch:
-    b, m, d = s.q.shape
-    n = s.k.shape[1]
-    dv = s.v.shape[2]
+    b1, b2, m, d = s.q.shape
+    b = b1 * b2
+    n = s.k.shape[2]
+    dv = s.v.shape[3]
     views = [s.q, s.k, s.v, s.out] + ([s.mask] if s.mask is not None else [])
     wide = needs_64bit(b * m * max(n, dv, d), views)
     p = Params(wide)
     p.idx("batch", b)
+    p.idx("heads", b2)
     p.idx("m", m)
     p.idx("n", n)
     p.idx("d", d)
@@ -44,7 +46,7 @@ def attention_launch(s: st.Attention) -> KernelLaunch:
     if s.mask is not None:
         p.ptr("mask", s.mask)
         p.strides("sm", s.mask.strides)
-        mask = f"        s += {exprs.load(s.mask.dtype, 'mask[b * sm_0 + i * sm_1 + j * sm_2]')};"
+        mask = f"        s += {exprs.load(s.mask.dtype, 'mask[b1 * sm_0 + b2 * sm_1 + i * sm_2 + j * sm_3]')};"
     causal = (
         "        if (j > i + (n - m)) break;  // keys are visited in order: the rest are masked too"
         if s.causal
@@ -57,9 +59,9 @@ def attention_launch(s: st.Attention) -> KernelLaunch:
         "T": exprs.storage_ctype(dt),
         "CAUSAL": causal,
         "MASK": mask,
-        "LOADQ": f"(float){exprs.load(dt, 'qrow[e * sq_2]')}",
-        "LOADK": f"(float){exprs.load(dt, 'krow[e * sk_2]')}",
-        "LOADV": f"(float){exprs.load(dt, 'vrow[c * sv_2]')}",
+        "LOADQ": f"(float){exprs.load(dt, 'qrow[e * sq_3]')}",
+        "LOADK": f"(float){exprs.load(dt, 'krow[e * sk_3]')}",
+        "LOADV": f"(float){exprs.load(dt, 'vrow[c * sv_3]')}",
         "STORE": exprs.store(s.out.dtype, "acc[t] / l"),
     }
     kernel = make_kernel("attention", "attention", values, wide)

@@ -12,14 +12,16 @@ extern "C" __global__ void __launch_bounds__(256) $NAME$(
     if (row >= batch * m) return;  // whole warps leave together: row is uniform per warp
     const kn_idx b = row / m;
     const kn_idx i = row % m;
-    const $T$* qrow = q + b * sq_0 + i * sq_1;
+    const kn_idx b1 = b / heads;
+    const kn_idx b2 = b % heads;
+    const $T$* qrow = q + b1 * sq_0 + b2 * sq_1 + i * sq_2;
     float acc[DVL];
     for (int t = 0; t < DVL; ++t) acc[t] = 0.f;
     float mx = -KN_INF;
     float l = 0.f;
     for (kn_idx j = 0; j < n; ++j) {
 $CAUSAL$
-        const $T$* krow = k + b * sk_0 + j * sk_1;
+        const $T$* krow = k + b1 * sk_0 + b2 * sk_1 + j * sk_2;
         float dot = 0.f;
         for (kn_idx e = lane; e < d; e += 32) dot += $LOADQ$ * $LOADK$;
         float s = kn_warp_sum(dot) * scale;
@@ -29,7 +31,7 @@ $MASK$
         const float corr = (mx == -KN_INF) ? 0.f : expf(mx - mnew);
         const float pj = expf(s - mnew);
         l = l * corr + pj;
-        const $T$* vrow = v + b * sv_0 + j * sv_1;
+        const $T$* vrow = v + b1 * sv_0 + b2 * sv_1 + j * sv_2;
         for (int t = 0; t < DVL; ++t) {
             const kn_idx c = lane + 32 * t;
             const float vv = c < dv ? $LOADV$ : 0.f;
@@ -39,6 +41,6 @@ $MASK$
     }
     for (int t = 0; t < DVL; ++t) {
         const kn_idx c = lane + 32 * t;
-        if (c < dv) out[b * so_0 + i * so_1 + c * so_2] = $STORE$;
+        if (c < dv) out[b1 * so_0 + b2 * so_1 + i * so_2 + c * so_3] = $STORE$;
     }
 }
