@@ -707,7 +707,7 @@ class _Planner:
         """Operand views [B1, B2, m, d] (and out) sharing one split of the batch axis."""
         heads = [self.head_view(i) for i in ops]
         split = next(((h.shape[0], h.shape[1]) for h in heads if h is not None), (out.shape[0], 1))
-        views = []
+        views: list[StridedView] = []
         for i, h in zip(ops, heads, strict=True):
             if h is None or h.shape[:2] != split:
                 v = mats[len(views)] if len(views) < len(mats) else self.mat(i)
