@@ -197,3 +197,18 @@ def test_resize_antialias_strong_downsampling_uses_a_dense_matrix(mode: str) -> 
         rtol=1e-4,
         atol=1e-5,
     )
+
+
+def test_resize_scales_with_aspect_policy_attribute_as_dynamo_exports_it() -> None:
+    attrs = {
+        "mode": "nearest",
+        "keep_aspect_ratio_policy": "stretch",
+        "coordinate_transformation_mode": "asymmetric",
+    }
+    check_ort(
+        "Resize",
+        {"x": rand(1, 2, 3, 4)},
+        attrs,
+        inits={"roi": EMPTY, "scales": scales(1, 1, 2, 2)},
+        opset=19,
+    )

@@ -9,6 +9,7 @@ repetition (the usual 2x nearest upsampling of a dynamic export).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -103,8 +104,10 @@ def _plan(ctx: NodeContext, x: Value, interp: Interp) -> list[AxisPlan]:
         ctx.unsupported(f"roi has {len(roi)} entries, expected {2 * n}")
     rois = [(roi[i], roi[n + i]) if roi is not None else None for i in range(n)]
     if scales is not None:
-        if any(s <= 0 for s in scales):
+        if not all(math.isfinite(s) and s > 0 for s in scales):
             ctx.unsupported(f"scales {scales} must be positive")
+        if ctx.opset >= 18:
+            ctx.attr_str("keep_aspect_ratio_policy", "stretch")  # applies to sizes only
         outs = [_scaled(ctx, shape[a], s) for a, s in zip(axes, scales, strict=True)]
         factors = list(scales)
     else:
