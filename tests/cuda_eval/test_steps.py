@@ -301,3 +301,20 @@ def test_attention_on_permuted_heads() -> None:
     h = g.view(g.permute(g.view(x, Shape.of(B, 6, 2, 8)), [0, 2, 1, 3]), Shape.of(B * 2, 6, 8))
     g.add_output(g.attention(h, h, h, None, None, True), "o")
     check_plan(g, [f32(3, 6, 16)], 3)
+
+
+def test_fused_attention_reads_heads_in_place() -> None:
+    """[B,S,H*D] -> [B,H,S,D] -> [B*H,S,D] queries, multi-query keys broadcast over the heads and
+    a per-sequence mask: the fused kernel reads all of them through strides, nothing is copied."""
+    g = Graph()
+    x = g.input(Shape.of(B, 6, 16), DType.F32, "x")
+    kv = g.input(Shape.of(B, 1, 6, 8), DType.F32, "kv")
+    m = g.input(Shape.of(B, 1, 6, 6), DType.F32, "m")
+    q = g.view(g.permute(g.view(x, Shape.of(B, 6, 2, 8)), [0, 2, 1, 3]), Shape.of(B * 2, 6, 8))
+    k = g.view(g.broadcast(kv, Shape.of(B, 2, 6, 8)), Shape.of(B * 2, 6, 8))
+    mask = g.view(g.broadcast(m, Shape.of(B, 2, 6, 6)), Shape.of(B * 2, 6, 6))
+    g.add_output(g.attention(q, k, k, mask, None, False), "o")
+    for p in check_plan(g, [f32(3, 6, 16), f32(3, 1, 6, 8), f32(3, 1, 6, 6)], 3, optimized=False):
+        assert kinds(p) == ["Attention"], str(p)
+        (att,) = p.steps
+        assert att.k.strides[1] == 0 and att.mask is not None and att.mask.strides[1] == 0
