@@ -11,8 +11,9 @@ from tests.cuda_eval.helpers import STATS
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if "KN_KERNEL_CACHE" not in os.environ and config.cache is not None:
-        os.environ["KN_KERNEL_CACHE"] = str(config.cache.mkdir("kn_kernels"))
+    cache = getattr(config, "cache", None)  # absent under -p no:cacheprovider
+    if "KN_KERNEL_CACHE" not in os.environ and cache is not None:
+        os.environ["KN_KERNEL_CACHE"] = str(cache.mkdir("kn_kernels"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
