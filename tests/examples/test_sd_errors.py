@@ -1,0 +1,163 @@
+"""Bad input to `kn-sd` ends with exactly one line on stderr (`kn-sd: error: ...`) and status 2,
+never a traceback: missing folders and files, models that are not what the layout says, empty
+prompts, step counts and sizes that cannot work."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from examples.stable_diffusion import TINY_SD, main
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A private copy of the tiny pipeline to break."""
+    dst = tmp_path / "sd"
+    shutil.copytree(TINY_SD, dst)
+    return dst
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], match: str) -> str:
+    rc = main([*argv, "--no-progress", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kn-sd: error: "), err
+    assert match in lines[0], lines[0]
+    return lines[0]
+
+
+def identity_model(path: Path, inputs: list[tuple[str, int, list[int | str]]]) -> None:
+    """A valid ONNX model with the given inputs (the first one is passed through)."""
+    ins = [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs]
+    out = helper.make_tensor_value_info("y", inputs[0][1], inputs[0][2])
+    g = helper.make_graph([helper.make_node("Identity", [inputs[0][0]], ["y"])], "g", ins, [out])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_missing_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    one_line_error(capsys, ["a cat", "--model", str(tmp_path / "nowhere")], "does not exist")
+
+
+def test_missing_unet_file(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    (folder / "unet" / "model.onnx").unlink()
+    one_line_error(capsys, ["a cat", "--model", str(folder)], "lacks unet/model.onnx")
+
+
+def test_missing_external_data(
+    capsys: pytest.CaptureFixture[str], folder: Path, tmp_path: Path
+) -> None:
+    (folder / "unet" / "model.onnx_data").unlink()
+    one_line_error(
+        capsys,
+        ["a cat", "--model", str(folder), "--steps", "1", "--out", str(tmp_path)],
+        "model.onnx_data",
+    )
+
+
+def test_missing_tokenizer_files(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    (folder / "tokenizer" / "merges.txt").unlink()
+    one_line_error(
+        capsys,
+        ["a cat", "--model", str(folder)],
+        "neither vocab.json + merges.txt nor tokenizer.json",
+    )
+
+
+def test_not_an_onnx_file(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    (folder / "vae_decoder" / "model.onnx").write_bytes(b"\x00garbage" * 10)
+    one_line_error(capsys, ["a cat", "--model", str(folder)], "vae_decoder")
+
+
+def test_unet_with_wrong_inputs(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    identity_model(
+        folder / "unet" / "model.onnx", [("pixel_values", TensorProto.FLOAT, [1, 3, 224, 224])]
+    )
+    line = one_line_error(capsys, ["a cat", "--model", str(folder)], "not a Stable Diffusion UNet")
+    assert "pixel_values: float32[1,3,224,224]" in line
+
+
+def test_unet_with_wrong_ranks(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    identity_model(
+        folder / "unet" / "model.onnx",
+        [
+            ("sample", TensorProto.FLOAT, ["b", 4, "h", "w"]),
+            ("timestep", TensorProto.INT64, ["b", 2]),
+            ("encoder_hidden_states", TensorProto.FLOAT, ["b", 16, 32]),
+        ],
+    )
+    one_line_error(
+        capsys, ["a cat", "--model", str(folder)], "'timestep' is not a numeric scalar or vector"
+    )
+
+
+def test_unet_with_wrong_channels(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    identity_model(
+        folder / "unet" / "model.onnx",
+        [
+            ("sample", TensorProto.FLOAT, ["b", 9, "h", "w"]),
+            ("timestep", TensorProto.INT64, []),
+            ("encoder_hidden_states", TensorProto.FLOAT, ["b", 16, 32]),
+        ],
+    )
+    one_line_error(capsys, ["a cat", "--model", str(folder)], "9 channels")
+
+
+def test_hidden_size_mismatch(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    identity_model(
+        folder / "unet" / "model.onnx",
+        [
+            ("sample", TensorProto.FLOAT, ["b", 4, "h", "w"]),
+            ("timestep", TensorProto.INT64, []),
+            ("encoder_hidden_states", TensorProto.FLOAT, ["b", 16, 768]),
+        ],
+    )
+    identity_model(
+        folder / "text_encoder" / "model.onnx", [("input_ids", TensorProto.INT32, ["b", 16])]
+    )
+    m = onnx.load(str(folder / "text_encoder" / "model.onnx"))  # give it a [b, 16, 32] output
+    m.graph.output[0].CopyFrom(
+        helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["b", 16, 32])
+    )
+    m.graph.node[0].output[0] = "last_hidden_state"
+    onnx.save(m, str(folder / "text_encoder" / "model.onnx"))
+    one_line_error(
+        capsys,
+        ["a cat", "--model", str(folder)],
+        "hidden size 32 is not the UNet's cross-attention size 768",
+    )
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n\t"])
+def test_empty_prompt(capsys: pytest.CaptureFixture[str], prompt: str) -> None:
+    one_line_error(capsys, [prompt], "the prompt is empty")
+
+
+@pytest.mark.parametrize("steps", ["0", "-5"])
+def test_steps_not_positive(capsys: pytest.CaptureFixture[str], steps: str) -> None:
+    one_line_error(capsys, ["a cat", "--steps", steps], "steps must be >= 1")
+
+
+def test_bad_sizes_and_factors(capsys: pytest.CaptureFixture[str]) -> None:
+    one_line_error(capsys, ["a cat", "--height", "33"], "multiples of 2")
+    one_line_error(capsys, ["a cat", "--width", "-8"], "multiples of 2")
+    one_line_error(capsys, ["a cat", "--scaling-factor", "0"], "scaling factor must be > 0")
+    one_line_error(capsys, ["a cat", "--guidance-scale", "nan"], "guidance scale")
+
+
+def test_cuda_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    from kn_runtime import Device
+
+    try:
+        Device.cuda()
+    except Exception:
+        rc = main(["a cat", "--device", "cuda", "--no-progress"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].startswith("kn-sd: error: CUDA device 0")
+    else:
+        pytest.skip("a CUDA device is present")
