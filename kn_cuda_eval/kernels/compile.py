@@ -147,7 +147,9 @@ def compile_kernel(kernel: Kernel, arch: int) -> CompiledKernel:
 
 def _compile(kernel: Kernel, arch: int) -> CompiledKernel:
     nvrtc = _nvrtc()
-    opts = [f"-arch=sm_{arch}", f"-I{_include_dir()}", *_OPTIONS]
+    opts = [f"-arch=sm_{arch}", *_OPTIONS]
+    if "#include <cuda_fp16.h>" in kernel.source:  # only f16 kernels need the runtime headers
+        opts.append(f"-I{_include_dir()}")
     prog = nvrtc.createProgram(kernel.source, f"{kernel.name}.cu", [], [])
     try:
         try:

@@ -10,7 +10,6 @@ import numpy as np
 
 from kn_graph.cpu import bind_inputs
 from kn_graph.graph import Graph
-from kn_graph.onnx import load_onnx
 
 MODELS = Path(__file__).parent.parent / "models"
 FIXTURES: list[dict] = json.loads((MODELS / "manifest.json").read_text())["fixtures"]
@@ -18,6 +17,8 @@ FIXTURES: list[dict] = json.loads((MODELS / "manifest.json").read_text())["fixtu
 
 @functools.cache
 def load(name: str) -> Graph:
+    from kn_graph.onnx import load_onnx  # imports onnx: only when a fixture is needed
+
     fx = next(f for f in FIXTURES if f["name"] == name)
     return load_onnx(MODELS / fx["file"])
 
