@@ -21,7 +21,7 @@ from kn_graph.onnx.loader import KNOWN_LIMIT
 from kn_graph.ops import Value
 from kn_graph.shape import Shape, Size
 
-__all__ = ["axis_of", "known", "known_apply", "scalar_operand", "static_ints"]
+__all__ = ["axis_of", "known", "known_apply", "known_take", "scalar_operand", "static_ints"]
 
 
 # -- helpers shared with the tensor family ---------------------------------------------------------
@@ -35,6 +35,11 @@ def known(data: np.ndarray, dtype: DType) -> Known:
 def known_apply(k: Known, f: Callable[[np.ndarray], np.ndarray]) -> Known:
     """A pure data-movement function (reshape, transpose, take, …) applied to a Known's elements."""
     return known(np.asarray(f(k.data)), k.dtype)
+
+
+def known_take(k: Known, idx: np.ndarray, axis: int) -> Known:
+    """`np.take` on a Known's elements (Slice, Split and Gather of shape tensors)."""
+    return known(np.asarray(np.take(k.data, idx, axis=axis)), k.dtype)  # a 0-d take gives a scalar
 
 
 def static_ints(ctx: NodeContext, i: int, what: str) -> list[int]:
@@ -173,9 +178,9 @@ def reshape(ctx: NodeContext) -> Result:
         ctx.unsupported("more than one -1 in the target shape")
     if None in dims:
         rest = Size(1)
-        for d in dims:
-            if d is not None:
-                rest = rest * d
+        for known_dim in dims:
+            if known_dim is not None:
+                rest = rest * known_dim
         if rest == Size(0):
             ctx.unsupported("-1 in a target shape that has a zero dim")
         dims[dims.index(None)] = in_shape.size() // rest
@@ -297,8 +302,7 @@ def split(ctx: NodeContext) -> list[Result]:
     start = Size(0)
     for s in sizes:
         if isinstance(r, Known):
-            b, e = start.as_int(), (start + s).as_int()
-            out.append(known_apply(r, lambda a, b=b, e=e: np.take(a, range(b, e), axis=axis)))
+            out.append(known_take(r, np.arange(start.as_int(), (start + s).as_int()), axis))
         else:
             out.append(ctx.graph.slice_raw(r, axis, start, 1, s))
         start = start + s

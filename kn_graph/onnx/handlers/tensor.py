@@ -15,7 +15,7 @@ import numpy as np
 
 from kn_graph.dtype import DType
 from kn_graph.onnx.context import Known, NodeContext, Result, onnx_dtype, onnx_op
-from kn_graph.onnx.handlers.shape import axis_of, known_apply, scalar_operand, static_ints
+from kn_graph.onnx.handlers.shape import axis_of, known_take, scalar_operand, static_ints
 from kn_graph.ops import BinaryOp, Value
 from kn_graph.shape import Shape, Size
 
@@ -62,8 +62,8 @@ def _slice_axis(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, s
     stop = dim if to_end else end
     count = stop - start
     # a symbolic count must divide exactly by the step (else refused)
-    length = Size(max(0, -(-count.factor // step))) if count.is_fixed else count // step
-    return g.slice_raw(x, axis, start, step, length)
+    count_out = Size(max(0, -(-count.factor // step))) if count.is_fixed else count // step
+    return g.slice_raw(x, axis, start, step, count_out)
 
 
 def _reverse_symbolic(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, step: int) -> Value:
@@ -108,8 +108,7 @@ def slice_(ctx: NodeContext) -> Result:
     if isinstance(r, Known) and fixed:
         for a, s, e, st in zip(norm, starts, ends, steps, strict=True):
             first, length = _fixed_bounds(r.shape[a], s.factor, e.factor, st)
-            idx = first + st * np.arange(length)
-            r = known_apply(r, lambda d, a=a, idx=idx: np.take(d, idx, axis=a))
+            r = known_take(r, first + st * np.arange(length), a)
         return r
     x = ctx.input(0)
     for a, s, e, st in zip(norm, starts, ends, steps, strict=True):
@@ -158,8 +157,7 @@ def gather(ctx: NodeContext) -> Result:
     idx = _static_indices(ctx, 1)
     r = ctx.raw_input(0)
     if isinstance(r, Known) and idx is not None:
-        norm = _normalise(ctx, idx, r.shape[axis], "gather")
-        return known_apply(r, lambda d: np.take(d, norm, axis=axis))
+        return known_take(r, _normalise(ctx, idx, r.shape[axis], "gather"), axis)
     g = ctx.graph
     x = ctx.input(0)
     idx_shape = ctx.input_shape(1)
@@ -176,6 +174,20 @@ def gather(ctx: NodeContext) -> Result:
         if ctx.input_dtype(1).is_signed:
             indices = _wrap_runtime(ctx, indices, dim)
     return _take_flat(ctx, x, axis, indices, out)
+
+
+def _static_coords(idx: np.ndarray, axis: int, along: np.ndarray) -> list[np.ndarray]:
+    """Per-axis coordinates of every index element, `along` replacing those on `axis`."""
+    coords = [np.asarray(c) for c in np.indices(idx.shape)]
+    coords[axis] = along
+    return coords
+
+
+def _ravel(coords: Sequence[np.ndarray], dims: Sequence[int]) -> np.ndarray:
+    """Flat i64 positions of (in-range) coordinates in row-major `dims`."""
+    if not coords or coords[0].size == 0:
+        return np.zeros(0, np.int64)
+    return np.ravel_multi_index(tuple(coords), tuple(dims)).reshape(-1).astype(np.int64)
 
 
 def _linear(ctx: NodeContext, coords: Sequence[Value], dims: Sequence[Size], checked: set[int]) -> Value:
@@ -215,11 +227,8 @@ def gather_elements(ctx: NodeContext) -> Result:
     x = g.view(ctx.input(0), Shape.of(shape.size()))
     idx = _static_indices(ctx, 1)
     if idx is not None and shape.is_fixed:
-        dims = shape.fixed_dims()
-        coords = list(np.indices(idx.shape))
-        coords[axis] = _normalise(ctx, idx, dims[axis], "gather_elements")
-        flat = np.ravel_multi_index(tuple(coords), dims).reshape(-1) if idx.size else np.zeros(0, np.int64)
-        return _take_flat(ctx, x, 0, g.constant(flat.astype(np.int64)), idx_shape)
+        static = _static_coords(idx, axis, _normalise(ctx, idx, shape[axis].factor, "gather_elements"))
+        return _take_flat(ctx, x, 0, g.constant(_ravel(static, shape.fixed_dims())), idx_shape)
     along = _wrap_runtime(ctx, ctx.input(1), shape[axis])
     coords = [along if i == axis else g.iota(idx_shape, i) for i in range(shape.rank)]
     flat = g.view(_linear(ctx, coords, list(shape), {axis}), Shape.of(idx_shape.size()))
@@ -244,10 +253,9 @@ def gather_nd(ctx: NodeContext) -> Result:
     idx = _static_indices(ctx, 1)
     if idx is not None and lead.is_fixed:
         dims = lead.fixed_dims()
-        batch = list(np.indices(idx.shape[:-1]))[:b]
+        batch = [np.asarray(c) for c in np.indices(idx.shape[:-1])][:b]
         comps = [_normalise(ctx, idx[..., j], dims[b + j], "gather_nd") for j in range(k)]
-        flat = np.ravel_multi_index(tuple(batch + comps), dims).reshape(-1) if idx.size else np.zeros(0, np.int64)
-        return _take_flat(ctx, rows, 0, g.constant(flat.astype(np.int64)), out)
+        return _take_flat(ctx, rows, 0, g.constant(_ravel(batch + comps, dims)), out)
     iv = ctx.input(1)
     coords = [g.iota(prefix, i) for i in range(b)]
     for j in range(k):
@@ -489,9 +497,7 @@ def scatter_elements(ctx: NodeContext) -> Result:
     bad = [i for i, (s, d) in enumerate(zip(idx.shape, dims, strict=True)) if s > d and i != axis]
     if bad:
         ctx.unsupported(f"indices {list(idx.shape)} exceed data {list(dims)} on axes {bad}")
-    coords = list(np.indices(idx.shape))
-    coords[axis] = _normalise(ctx, idx, dims[axis], "scatter")
-    targets = np.ravel_multi_index(tuple(coords), dims).reshape(-1) if idx.size else np.zeros(0, np.int64)
+    targets = _ravel(_static_coords(idx, axis, _normalise(ctx, idx, dims[axis], "scatter")), dims)
     return _scatter(ctx, targets, reduction)
 
 
@@ -506,7 +512,7 @@ def scatter_nd(ctx: NodeContext) -> Result:
     if ctx.input_shape(2) != want:
         ctx.unsupported(f"updates {ctx.input_shape(2)}, expected {want}")
     comps = tuple(_normalise(ctx, idx[..., j], dims[j], "scatter_nd") for j in range(k))
-    rows = np.ravel_multi_index(comps, dims[:k]).reshape(-1) if k else np.zeros(idx.shape[:-1], np.int64).reshape(-1)
+    rows = _ravel(comps, dims[:k]) if k else np.zeros(math.prod(idx.shape[:-1]), np.int64)
     inner = math.prod(dims[k:])
     targets = (rows[:, None] * inner + np.arange(inner)[None, :]).reshape(-1)
     return _scatter(ctx, targets, reduction)
