@@ -19,7 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from examples.sd.executors import make_executor
-from examples.sd.pipeline import GenerationResult, PipelineError, Settings, StableDiffusion
+from examples.sd.pipeline import (
+    GenerationResult,
+    PipelineError,
+    Settings,
+    StableDiffusion,
+    to_pixels,
+)
 from examples.sd.scheduler import SchedulerError
 from examples.sd.tokenizer import TokenizerError
 from kn_graph.errors import KnError
@@ -77,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--out", type=Path, default=Path("out"), help="output folder (default ./out)")
     ap.add_argument(
+        "--png",
+        type=Path,
+        default=None,
+        help="write the image here (default: OUT/<prompt>-<seed>.png)",
+    )
+    ap.add_argument(
         "--save-intermediate",
         action="store_true",
         help="also save the latents (.npy) and their decoded image (.png) after every step",
@@ -93,7 +105,18 @@ def slug(text: str, limit: int = 40) -> str:
 def save_png(pixels: np.ndarray, path: Path) -> None:
     from PIL import Image
 
-    Image.fromarray(pixels, "RGB").save(path)
+    try:
+        Image.fromarray(pixels, "RGB").save(path)
+    except OSError as e:
+        raise PipelineError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def make_folder(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PipelineError(f"cannot create the output folder {path}: {e.strerror or e}") from None
+    return path
 
 
 def run(args: argparse.Namespace) -> GenerationResult:
@@ -111,27 +134,18 @@ def run(args: argparse.Namespace) -> GenerationResult:
         scheduler=args.scheduler,
         scaling_factor=args.scaling_factor,
     )
-    pipe.check(settings)  # before creating folders
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PipelineError(
-            f"cannot create the output folder {args.out}: {e.strerror or e}"
-        ) from None
+    pipe.check(settings)  # before any file is written
     stem = f"{slug(args.prompt)}-{args.seed}"
+    path = args.png if args.png is not None else make_folder(args.out) / f"{stem}.png"
     on_step = None
     if args.save_intermediate:
-        steps_dir = args.out / f"{stem}-steps"
-        steps_dir.mkdir(exist_ok=True)
+        steps_dir = make_folder(args.out / f"{stem}-steps")
         scaling = args.scaling_factor or pipe.folder.scaling_factor
 
         def on_step(i: int, t: int, latents: np.ndarray) -> None:
-            np.save(steps_dir / f"step{i:03d}-t{t:04d}.npy", latents)
-            from examples.sd.pipeline import to_pixels
-
-            save_png(
-                to_pixels(pipe.decode(latents, scaling)), steps_dir / f"step{i:03d}-t{t:04d}.png"
-            )
+            name = steps_dir / f"step{i:03d}-t{t:04d}"
+            np.save(name.with_suffix(".npy"), latents)
+            save_png(to_pixels(pipe.decode(latents, scaling)), name.with_suffix(".png"))
 
     print(
         f"model: {folder}  executor: {executor.name}  scheduler: {args.scheduler}  "
@@ -139,7 +153,6 @@ def run(args: argparse.Namespace) -> GenerationResult:
     )
     result = pipe.generate(settings, progress=not args.no_progress, on_step=on_step)
     t0 = time.perf_counter()
-    path = args.out / f"{stem}.png"
     save_png(result.image, path)
     result.timings["save png"] = time.perf_counter() - t0
     h, w, _ = result.image.shape
