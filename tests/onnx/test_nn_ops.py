@@ -200,3 +200,25 @@ def test_causal_conv_with_state(past: bool, activation: str) -> None:
         outputs=("y", "state"),
         opset=27,
     )
+
+
+# -- Col2Im ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("image", "block", "attrs"),
+    [
+        ([5, 5], [2, 3], {}),
+        ([6, 7], [3, 2], {"strides": [2, 3], "pads": [1, 0, 2, 1], "dilations": [1, 2]}),
+        ([7, 5], [3, 3], {"strides": [2, 2]}),
+    ],
+)
+def test_col2im(image: list[int], block: list[int], attrs: dict[str, object]) -> None:
+    strides = attrs.get("strides", [1, 1])
+    dil = attrs.get("dilations", [1, 1])
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    blocks = [
+        (n + pads[i] + pads[i + 2] - dil[i] * (k - 1) - 1) // strides[i] + 1  # type: ignore[index]
+        for i, (n, k) in enumerate(zip(image, block, strict=True))
+    ]
+    x = rand(2, 3 * block[0] * block[1], blocks[0] * blocks[1])
+    inits = {"image": np.array(image, np.int64), "block": np.array(block, np.int64)}
+    check_ort("Col2Im", {"x": x}, attrs, inits=inits, opset=18)

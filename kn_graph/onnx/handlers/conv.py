@@ -1,19 +1,24 @@
-"""Convolutions: Conv and ConvTranspose, lowered to the IR's symmetric-padding Conv.
+"""Convolutions: Conv, ConvTranspose, CausalConvWithState and Col2Im, lowered to the IR's
+symmetric-padding Conv.
 
 Asymmetric padding becomes a Pad in front; ConvTranspose becomes zero insertion (for strides),
-padding by the dilated kernel span, and a stride-1 Conv with flipped, transposed filters.
+padding by the dilated kernel span, and a stride-1 Conv with flipped, transposed filters; Col2Im
+is a transposed convolution with one-hot filters.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+
+import numpy as np
 
 from kn_graph.onnx.context import NodeContext, Result, onnx_op
 from kn_graph.onnx.handlers.spatial import Window, kernel_attr, read_window, split_pads
 from kn_graph.ops import Value
 from kn_graph.shape import Shape, Size
 
-__all__ = ["conv", "conv_transpose"]
+__all__ = ["causal_conv_with_state", "col2im", "conv", "conv_transpose"]
 
 
 def _operands(ctx: NodeContext) -> tuple[Value, Value, int]:
@@ -197,3 +202,55 @@ def causal_conv_with_state(ctx: NodeContext) -> list[Result | None]:
     length = g.shape(padded)[2]
     present = g.slice_raw(padded, 2, length - (k - 1), 1, k - 1)
     return [y, present]
+
+
+@onnx_op("Col2Im")
+def col2im(ctx: NodeContext) -> Result:
+    """Sum sliding blocks back into an image: a grouped transposed convolution whose filter
+    puts each of the K = prod(block_shape) input channels of a group at its kernel position."""
+    g = ctx.graph
+    x = ctx.input(0)
+    image = [int(v) for v in np.asarray(ctx.input_static(1, "image_shape")).reshape(-1)]
+    block = [int(v) for v in np.asarray(ctx.input_static(2, "block_shape")).reshape(-1)]
+    nd = len(image)
+    xs = g.shape(x)
+    k = math.prod(block) if block else 0
+    if (
+        nd < 1
+        or len(block) != nd
+        or min(block + image) < 1
+        or xs.rank != 3
+        or not Size(k).divides(xs[1])
+    ):
+        ctx.unsupported(f"input {xs}, image_shape {image}, block_shape {block}")
+    strides = tuple(ctx.attr_ints("strides", [1] * nd) or ())
+    dilations = tuple(ctx.attr_ints("dilations", [1] * nd) or ())
+    pads = split_pads(ctx, ctx.attr_ints("pads", [0] * (2 * nd)) or [], nd)
+    if (
+        len(strides) != nd
+        or len(dilations) != nd
+        or min(strides + dilations) < 1
+        or min(min(p) for p in pads) < 0
+    ):
+        ctx.unsupported(f"strides {list(strides)}, dilations {list(dilations)}, pads {list(pads)}")
+    blocks = [
+        (n + b + a - d * (kk - 1) - 1) // s + 1
+        for n, (b, a), d, kk, s in zip(image, pads, dilations, block, strides, strict=True)
+    ]
+    if min(blocks) < 1 or xs[2] != Size(math.prod(blocks)):
+        ctx.unsupported(f"{xs[2]} blocks, expected {blocks} for image {image}")
+    channels = xs[1] // k
+    y = g.view(x, Shape.of(xs[0], xs[1], *blocks))
+    for i in range(nd):
+        y = _zero_insert(ctx, y, 2 + i, strides[i])
+    full = []
+    for n, (b, a), d, kk, s, nb in zip(image, pads, dilations, block, strides, blocks, strict=True):
+        natural = s * (nb - 1) + d * (kk - 1) + 1 - b - a
+        full.append((d * (kk - 1) - b, d * (kk - 1) - a + (n - natural)))
+    y = g.pad(y, [(0, 0), (0, 0), *full])
+    c = channels.as_int("Col2Im channels")
+    onehot = np.zeros((c * k, 1, *block), g.dtype(x).np)
+    for j in range(k):
+        onehot[j::k, 0][(slice(None), *np.unravel_index(j, block))] = 1
+    w = _transposed_filter(ctx, g.constant(onehot), c)
+    return g.conv(y, w, None, None, dilations, c)
