@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from examples.sd.signature import PipelineError
 from kn_graph.onnx import load_onnx
 from kn_runtime import Device, PreparedGraph
 
@@ -94,7 +95,10 @@ class OnnxruntimeExecutor:
         so.intra_op_num_threads = self.threads
         so.log_severity_level = 3
         t0 = time.perf_counter()
-        session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        try:
+            session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime's pybind errors share no useful base class
+            raise PipelineError(f"onnxruntime cannot load {path}: {e}") from None
         times["load"] = time.perf_counter() - t0
         return _OrtModel(session)
 

@@ -168,6 +168,8 @@ class StableDiffusion:
     def check(self, s: Settings) -> tuple[int, int]:
         if not s.prompt.strip():
             raise PipelineError("the prompt is empty")
+        if s.seed < 0:
+            raise PipelineError(f"the seed must be >= 0, found {s.seed}")
         if s.steps <= 0:
             raise PipelineError(f"steps must be >= 1, found {s.steps}")
         if not np.isfinite(s.guidance_scale) or s.guidance_scale < 0:
@@ -191,9 +193,17 @@ class StableDiffusion:
         """Token ids [n, L] and hidden states [n, L, D], one prompt per call (batch 1 always
         fits the exported text encoders)."""
         t0 = time.perf_counter()
-        ids = np.array(
-            [self.folder.tokenizer.encode(p) for p in prompts], dtype=self.folder.text_ids.dtype
-        )
+        tok = self.folder.tokenizer
+        for p in prompts:
+            n = len(tok.tokenize(p)) + 2
+            if n > tok.max_length:
+                log.warning(
+                    "the prompt '%s' has %d tokens, the text encoder takes %d: cut",
+                    p,
+                    n,
+                    tok.max_length,
+                )
+        ids = np.array([tok.encode(p) for p in prompts], dtype=self.folder.text_ids.dtype)
         self._add("tokenize", time.perf_counter() - t0)
         port = self.folder.text_ids
         model = self._model("text_encoder", {port.name: (1, ids.shape[1])})

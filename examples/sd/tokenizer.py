@@ -98,6 +98,8 @@ class TextTokenizer(Protocol):
 
     max_length: int
 
+    def tokenize(self, text: str) -> list[int]: ...
+
     def encode(self, text: str) -> list[int]: ...
 
 

@@ -161,3 +161,21 @@ def test_cuda_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
         assert rc == 2 and len(err) == 1 and err[0].startswith("kn-sd: error: CUDA device 0")
     else:
         pytest.skip("a CUDA device is present")
+
+
+def test_negative_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    one_line_error(capsys, ["a cat", "--seed", "-1"], "the seed must be >= 0")
+
+
+def test_unwritable_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "no" / "such" / "dir" / "x.png"
+    one_line_error(capsys, ["a cat", "--steps", "1", "--png", str(target)], "cannot write")
+
+
+def test_onnxruntime_executor_load_error(
+    capsys: pytest.CaptureFixture[str], folder: Path, tmp_path: Path
+) -> None:
+    (folder / "unet" / "model.onnx_data").write_bytes(b"short")
+    argv = ["a cat", "--model", str(folder), "--steps", "1", "--out", str(tmp_path)]
+    one_line_error(capsys, [*argv, "--executor", "onnxruntime"], "onnxruntime cannot load")
+    one_line_error(capsys, argv, "model.onnx_data")

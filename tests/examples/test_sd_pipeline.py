@@ -118,3 +118,11 @@ def test_cli_writes_png_steps_and_timings(
         "step001-t0001.npy",
         "step001-t0001.png",
     ]
+
+
+def test_long_prompt_is_cut_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    pipe = StableDiffusion(TINY_SD, KyaniteExecutor(Device.cpu()))
+    with caplog.at_level("WARNING"):
+        ids, hidden = pipe.encode_text(["", "a red apple " * 10])
+    assert ids.shape == (2, 16) and ids.dtype == np.int32 and hidden.shape == (2, 16, 32)
+    assert ids[1, -1] == 913 and "has 42 tokens, the text encoder takes 16" in caplog.text
