@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from examples.sd.executors import Executor, LoadedModel
-from examples.sd.scheduler import SchedulerConfig, make_scheduler
+from examples.sd.scheduler import SchedulerConfig, SchedulerError, make_scheduler
 from examples.sd.signature import (
     PipelineError,
     read_signature,
@@ -102,17 +102,18 @@ class ModelFolder:
         self.root = root
         vae_cfg = _read_json(root / "vae_decoder" / "config.json")
         unet_cfg = _read_json(root / "unet" / "config.json")
-        blocks = vae_cfg.get("block_out_channels", [0] * 4)
-        self.vae_factor = 2 ** (len(blocks) - 1)
-        self.latent_channels = int(vae_cfg.get("latent_channels", 4))
-        self.scaling_factor = float(vae_cfg.get("scaling_factor", DEFAULT_SCALING_FACTOR))
-        self.sample_size = int(unet_cfg.get("sample_size") or 64)
         try:
+            self.vae_factor = 2 ** (len(vae_cfg.get("block_out_channels", [0] * 4)) - 1)
+            self.latent_channels = int(vae_cfg.get("latent_channels", 4))
+            self.scaling_factor = float(vae_cfg.get("scaling_factor", DEFAULT_SCALING_FACTOR))
+            self.sample_size = int(unet_cfg.get("sample_size") or 64)
             self.scheduler_config = SchedulerConfig.from_dict(
                 _read_json(root / "scheduler" / "scheduler_config.json")
             )
-        except TypeError as e:
-            raise PipelineError(f"{root}/scheduler/scheduler_config.json: {e}") from None
+        except SchedulerError:
+            raise
+        except (TypeError, ValueError) as e:  # a config value of the wrong type
+            raise PipelineError(f"{root}: unusable config.json value ({e})") from None
 
         self.text_sig = read_signature(root / "text_encoder" / "model.onnx")
         self.unet_sig = read_signature(root / "unet" / "model.onnx")
@@ -284,6 +285,7 @@ class StableDiffusion:
     ) -> GenerationResult:
         """Run the whole pipeline for one image."""
         h, w = self.check(s)
+        self.timings = {}  # this run's stages (models loaded by an earlier run cost nothing)
         scheduler = make_scheduler(s.scheduler, s.steps, self.folder.scheduler_config)
         guided = s.guidance_scale > 1.0
         ids, hidden = self.encode_text([s.negative_prompt, s.prompt])

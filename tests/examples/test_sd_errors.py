@@ -179,3 +179,14 @@ def test_onnxruntime_executor_load_error(
     argv = ["a cat", "--model", str(folder), "--steps", "1", "--out", str(tmp_path)]
     one_line_error(capsys, [*argv, "--executor", "onnxruntime"], "onnxruntime cannot load")
     one_line_error(capsys, argv, "model.onnx_data")
+
+
+def test_bad_configs(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    cfg = folder / "scheduler" / "scheduler_config.json"
+    cfg.write_text('{"prediction_type": "v_prediction"}')
+    one_line_error(capsys, ["a cat", "--model", str(folder)], "prediction_type 'v_prediction'")
+    cfg.write_text("{}")
+    (folder / "vae_decoder" / "config.json").write_text('{"block_out_channels": 5}')
+    one_line_error(capsys, ["a cat", "--model", str(folder)], "unusable config.json value")
+    (folder / "vae_decoder" / "config.json").write_text("[1, 2")
+    one_line_error(capsys, ["a cat", "--model", str(folder)], "is not valid JSON")
