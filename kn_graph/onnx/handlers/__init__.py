@@ -3,4 +3,4 @@
 from kn_graph.onnx.handlers import elementwise, nn, reduce, shape  # noqa: F401
 from kn_graph.onnx.handlers import loss, quant  # noqa: F401  (elementwise compositions)
 from kn_graph.onnx.handlers import control, tensor  # noqa: F401  (indexing, If)
-from kn_graph.onnx.handlers import attention, conv, deform_conv, einsum, grid, linear_attention, norm, pool, resize, rnn, rotary, signal  # noqa: F401  (nn family)
+from kn_graph.onnx.handlers import attention, conv, deform_conv, einsum, grid, linear_attention, norm, pool, resize, rnn, roi_align, rotary, signal  # noqa: F401  (nn family)
