@@ -122,18 +122,18 @@ def _transpose_pads(
         return list(split_pads(ctx, pads, nd)) if pads is not None else [(0, 0)] * nd
     if output_shape is None and auto_pad == "VALID":
         return [(0, 0)] * nd
-    ns = [s.fixed_value() for s in sizes]
-    if any(n is None for n in ns):
+    if not all(s.is_fixed for s in sizes):
         ctx.unsupported("output_shape / auto_pad SAME with symbolic spatial sizes")
+    ns = [s.factor for s in sizes]
     if output_shape is None:
-        target = [n * s for n, s in zip(ns, strides, strict=True)]  # type: ignore[operator]
+        target = [n * s for n, s in zip(ns, strides, strict=True)]
     else:
         target = list(output_shape[-nd:])
         if len(target) != nd:
             ctx.unsupported(f"output_shape {output_shape} does not fit {nd} spatial axes")
     out: list[tuple[int, int]] = []
     for i in range(nd):
-        full = strides[i] * (ns[i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1  # type: ignore[operator]
+        full = strides[i] * (ns[i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
         total = full - target[i]
         if total < 0:  # a larger output_shape adds zeros (then the bias) at the end, as ORT does
             out.append((0, total))
@@ -251,6 +251,11 @@ def col2im(ctx: NodeContext) -> Result:
     c = channels.as_int("Col2Im channels")
     onehot = np.zeros((c * k, 1, *block), g.dtype(x).np)
     for j in range(k):
-        onehot[j::k, 0][(slice(None), *np.unravel_index(j, block))] = 1
+        index: tuple[slice | int, ...] = (
+            slice(j, None, k),
+            0,
+            *(int(i) for i in np.unravel_index(j, block)),
+        )
+        onehot[index] = 1
     w = _transposed_filter(ctx, g.constant(onehot), c)
     return g.conv(y, w, None, None, dilations, c)
