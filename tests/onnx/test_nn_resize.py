@@ -9,7 +9,16 @@ import pytest
 from kn_graph.errors import UnsupportedOnnxError
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import Gather
-from tests.onnx.nn_helpers import check_ort, check_reference, node_model, onnxruntime, ours, rand
+from tests.onnx.nn_helpers import (
+    assert_close,
+    check_ort,
+    check_reference,
+    node_model,
+    onnx_reference,
+    onnxruntime,
+    ours,
+    rand,
+)
 
 EMPTY = np.zeros(0, np.float32)
 
@@ -24,17 +33,20 @@ def scales(*s: float) -> np.ndarray:
 @pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
 @pytest.mark.parametrize("factor", [2.0, 0.6, 1.7])
 def test_resize_scales(coord: str, mode: str, factor: float) -> None:
-    """Against the ONNX reference: with align_corners and a fractional output width, ORT divides
-    by the integer output length where the reference (and the backend tests) use scale * size."""
+    """Against the ONNX reference and onnxruntime where they agree; where they do not (a
+    fractional output width with a length-dependent coordinate mode) the node is refused."""
     attrs = {"mode": mode, "coordinate_transformation_mode": coord}
-    check_reference(
-        "Resize",
-        {"x": rand(1, 2, 5, 6)},
-        attrs,
-        inits={"roi": EMPTY, "scales": scales(1, 1, factor, 2.0)},
-        rtol=1e-4,
-        atol=1e-5,
+    feed = {"x": rand(1, 2, 5, 6)}
+    model = node_model(
+        "Resize", feed, attrs, inits={"roi": EMPTY, "scales": scales(1, 1, factor, 2.0)}
     )
+    ref, ort_out = onnx_reference(model, feed), onnxruntime(model, feed)
+    agree = np.allclose(ref[0], ort_out[0], rtol=1e-4, atol=1e-5)
+    if not agree:
+        with pytest.raises(UnsupportedOnnxError, match="disagree"):
+            load_onnx(model)
+        return
+    assert_close(ours(model, feed), ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(

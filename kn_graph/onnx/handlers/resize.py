@@ -16,7 +16,14 @@ import numpy as np
 
 from kn_graph.errors import GraphError
 from kn_graph.onnx.context import NodeContext, Result, onnx_op
-from kn_graph.onnx.handlers.resize_taps import COORD_MODES, NEAREST_MODES, Interp, Taps, axis_taps
+from kn_graph.onnx.handlers.resize_taps import (
+    COORD_MODES,
+    LENGTH_SENSITIVE,
+    NEAREST_MODES,
+    Interp,
+    Taps,
+    axis_taps,
+)
 from kn_graph.ops import Value
 from kn_graph.shape import Size
 
@@ -260,11 +267,21 @@ def _resize(ctx: NodeContext, interp: Interp) -> Value:
         if not (size.is_fixed and p.out.is_fixed):
             x = _symbolic_axis(ctx, x, p, interp)
             continue
+        if p.out == Size(0):  # an empty result, as the reference and onnxruntime give
+            x = g.slice_raw(x, p.axis, 0, 1, 0)
+            continue
         if not (1 <= p.out.factor <= MAX_SIZE and size.factor >= 1):
             ctx.unsupported(f"resizing axis {p.axis} from {size} to {p.out}")
-        taps = axis_taps(
-            _resolve_nearest(interp, p.scale), size.factor, p.out.factor, p.scale, p.roi
-        )
+        axis_interp = _resolve_nearest(interp, p.scale)
+        taps = axis_taps(axis_interp, size.factor, p.out.factor, p.scale, p.roi)
+        if interp.coord in LENGTH_SENSITIVE:
+            spec = axis_taps(axis_interp, size.factor, p.out.factor, p.scale, p.roi, by_length=True)
+            if not taps.same_as(spec):
+                ctx.unsupported(
+                    f"{interp.coord} on axis {p.axis} with a fractional output width "
+                    f"{size.factor} x {p.scale:g}: the ONNX reference divides by that width, the "
+                    f"spec and onnxruntime by the output length {p.out.factor}; they disagree"
+                )
         x = _apply_taps(ctx, x, p.axis, taps, extrapolation)
     return x
 

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Interp", "Taps", "axis_taps", "source_coords"]
+__all__ = ["LENGTH_SENSITIVE", "Interp", "Taps", "axis_taps", "source_coords"]
+
+LENGTH_SENSITIVE = ("align_corners", "pytorch_half_pixel", "tf_crop_and_resize")
+"""Coordinate modes whose reference implementation divides by the real-valued output width where
+the spec and onnxruntime use the integer output length: where the two differ, Resize refuses."""
 
 COORD_MODES = (
     "half_pixel",
@@ -52,17 +56,47 @@ class Taps:
             np.all(np.count_nonzero(self.weight, axis=1) <= 1) and np.all(self.weight.sum(1) == 1)
         )
 
+    def same_as(self, other: Taps) -> bool:
+        """Whether both tables compute the same values (up to f32 rounding of the scale)."""
+        if self.index.shape != other.index.shape or (self.outside is None) != (
+            other.outside is None
+        ):
+            return False
+        if self.outside is not None and not np.array_equal(self.outside, other.outside):
+            return False
+        size = int(max(self.index.max(initial=0), other.index.max(initial=0))) + 1
+        return bool(
+            np.allclose(_dense_rows(self, size), _dense_rows(other, size), rtol=1e-5, atol=1e-6)
+        )
+
     def selected(self) -> np.ndarray:
         """For one-hot weights, the single input index each output reads."""
         return self.index[np.arange(len(self.index)), np.argmax(self.weight, axis=1)]
 
 
+def _dense_rows(taps: Taps, size: int) -> np.ndarray:
+    """The taps as a dense [out, size] interpolation matrix (repeated indices summed)."""
+    m = np.zeros((len(taps.index), size))
+    rows = np.broadcast_to(np.arange(len(taps.index))[:, None], taps.index.shape)
+    np.add.at(m, (rows, taps.index), taps.weight)
+    return m
+
+
 def source_coords(
-    coord: str, out: int, scale: float, size: int, roi: tuple[float, float] | None
+    coord: str,
+    out: int,
+    scale: float,
+    size: int,
+    roi: tuple[float, float] | None,
+    by_length: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The input coordinate of every output position, and the extrapolated ones."""
+    """The input coordinate of every output position, and the extrapolated ones.
+
+    The reference divides by the real-valued output width scale·size; with `by_length` the
+    integer output length is used instead, as the spec text (length_resized) and onnxruntime do.
+    """
     y = np.arange(out, dtype=np.float64)
-    width = scale * size  # the real-valued output width
+    width = float(out) if by_length else scale * size
     outside = None
     match coord:
         case "align_corners":
@@ -79,7 +113,7 @@ def source_coords(
             x = x + lo * (size - 1)
             outside = (x < 0) | (x > size - 1)
         case "pytorch_half_pixel":
-            x = np.full(out, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
+            x = np.full(out, 0.0 if by_length else -0.5) if width == 1 else (y + 0.5) / scale - 0.5
         case "half_pixel":
             x = (y + 0.5) / scale - 0.5
         case "half_pixel_symmetric":
@@ -156,10 +190,15 @@ def _weights(r: np.ndarray, interp: Interp, scale: float) -> np.ndarray:
 
 
 def axis_taps(
-    interp: Interp, size: int, out: int, scale: float, roi: tuple[float, float] | None = None
+    interp: Interp,
+    size: int,
+    out: int,
+    scale: float,
+    roi: tuple[float, float] | None = None,
+    by_length: bool = False,
 ) -> Taps:
     """The taps of one axis resized from `size` to `out` positions with scale factor `scale`."""
-    x, outside = source_coords(interp.coord, out, scale, size, roi)
+    x, outside = source_coords(interp.coord, out, scale, size, roi, by_length)
     floor = np.floor(x)
     ratio = np.where(x == floor, 1.0, x - floor)
     weight = _weights(ratio, interp, scale)
