@@ -58,11 +58,12 @@ class Taps:
 
     def same_as(self, other: Taps) -> bool:
         """Whether both tables compute the same values (up to f32 rounding of the scale)."""
-        if self.index.shape != other.index.shape or (self.outside is None) != (
-            other.outside is None
-        ):
+        if self.index.shape != other.index.shape:
             return False
-        if self.outside is not None and not np.array_equal(self.outside, other.outside):
+        mine, theirs = self.outside, other.outside
+        if (mine is None) != (theirs is None):
+            return False
+        if mine is not None and theirs is not None and not np.array_equal(mine, theirs):
             return False
         size = int(max(self.index.max(initial=0), other.index.max(initial=0))) + 1
         return bool(
