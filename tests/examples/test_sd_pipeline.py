@@ -18,6 +18,12 @@ from kn_runtime import Device
 pytest.importorskip("onnxruntime")
 
 PROMPT = "a photograph of an astronaut riding a horse on mars"
+# ids from transformers' CLIPTokenizer on the shipped vocabulary, padded to 16
+PROMPT_IDS = [912, 320, 586, 327, 524, 530, 716, 81, 891, 320, 888, 519, 76, 703, 913, 913]
+NEGATIVE_IDS = {
+    "pndm": [912, 734, 267, 545, 342, 643, 682, *[913] * 9],  # "blurry, low quality"
+    "ddim": [912, *[913] * 15],  # ""
+}
 RUNS = {
     "pndm": Settings(PROMPT, negative_prompt="blurry, low quality", steps=4, seed=3),
     "ddim": Settings(PROMPT, steps=3, seed=5, scheduler="ddim", guidance_scale=5.0),
@@ -40,6 +46,7 @@ def test_kyanite_matches_onnxruntime(
 ) -> None:
     kn, ort = results[("kyanite", run)], results[("ort", run)]
     np.testing.assert_array_equal(kn.token_ids, ort.token_ids)
+    assert kn.token_ids.tolist() == [NEGATIVE_IDS[run], PROMPT_IDS]  # known ids of the vocabulary
     assert kn.decoded.shape == ort.decoded.shape == (1, 3, 32, 32)
     assert kn.latents.shape == (1, 4, 16, 16)
     lat_err = float(np.max(np.abs(kn.latents - ort.latents)))
