@@ -236,7 +236,9 @@ def export(
 
 
 def write_json(path: Path, obj: dict) -> None:
+    """diffusers' `_use_default_values` is a set in disguise (its order changes run to run)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    obj = {k: v for k, v in obj.items() if k != "_use_default_values"}
     path.write_text(json.dumps(obj, indent=1) + "\n")
 
 
