@@ -189,3 +189,14 @@ def test_batch_norm_f16_input_with_f32_statistics() -> None:
         rtol=2e-3,
         atol=2e-3,
     )
+
+
+@pytest.mark.parametrize("op", ["Conv", "MaxPool", "AveragePool", "LpPool"])
+def test_same_padding_with_dilation_is_refused(op: str) -> None:
+    attrs: dict[str, object] = {"auto_pad": "SAME_UPPER", "dilations": [2, 2]}
+    inits = {"w": rand(1, 1, 3, 3)} if op == "Conv" else {}
+    if op != "Conv":
+        attrs["kernel_shape"] = [3, 3]
+    model = node_model(op, {"x": rand(1, 1, 6, 6)}, attrs, inits=inits, opset=19)
+    with pytest.raises(UnsupportedOnnxError, match="dilations"):
+        load_onnx(model)

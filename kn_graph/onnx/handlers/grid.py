@@ -209,6 +209,11 @@ def grid_sample(ctx: NodeContext) -> Result:
     align = bool(ctx.attr_int("align_corners", 0))
     if mode is None or padding not in ("zeros", "border", "reflection"):
         ctx.unsupported(f"mode '{ctx.attr_str('mode', '')}' / padding_mode '{padding}'")
+    if mode == "cubic" and padding == "border":
+        # onnxruntime clamps every tap (PyTorch's rule), the ONNX reference only the position
+        ctx.unsupported(
+            "cubic interpolation with border padding: onnxruntime and the reference disagree"
+        )
     if mode != "nearest" and not g.dtype(x).is_float:
         ctx.unsupported(f"{mode} interpolation of {g.dtype(x)} data")
     if not g.dtype(grid).is_float:

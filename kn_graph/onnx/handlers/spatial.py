@@ -87,6 +87,9 @@ def read_window(
         case "VALID":
             pairs = ((0, 0),) * nd
         case "SAME_UPPER" | "SAME_LOWER":
+            if any(d != 1 for d in dilations):
+                # onnxruntime and the ONNX reference disagree on the padding (or refuse)
+                ctx.unsupported(f"auto_pad {auto_pad} with dilations {list(dilations)}")
             pairs = tuple(
                 same_padding(
                     ctx, sizes[i], kernel[i], strides[i], dilations[i], auto_pad == "SAME_UPPER"
