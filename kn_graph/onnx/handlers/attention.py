@@ -179,7 +179,9 @@ def attention(ctx: NodeContext) -> list[Result | None]:
     if ctx.has_input(4) or ctx.has_input(5):
         pk, pv = ctx.input(4), ctx.input(5)
         if g[pk].rank != 4 or g[pv].rank != 4:
-            ctx.unsupported(f"past_key/past_value must be 4-D, found {g.shape(pk)} and {g.shape(pv)}")
+            ctx.unsupported(
+                f"past_key/past_value must be 4-D, found {g.shape(pk)} and {g.shape(pv)}"
+            )
         past = g.shape(pk)[2]
         k, v = g.concat([pk, k], 2), g.concat([pv, v], 2)
     b, hq, m, _ = g.shape(q)

@@ -71,7 +71,9 @@ def batch_norm(ctx: NodeContext) -> list[Result | None]:
     if not spatial and any(g[v].rank == 1 and rank > 2 for v in (scale, bias, mean, var)):
         ctx.unsupported("spatial=0 with per-channel statistics")
     # opset 15 lets scale/bias (T1) and mean/var (T2) differ from x's type: compute in x's
-    scale, bias, mean, var = (_per_channel(ctx, g.cast(v, g.dtype(x)), rank) for v in (scale, bias, mean, var))
+    scale, bias, mean, var = (
+        _per_channel(ctx, g.cast(v, g.dtype(x)), rank) for v in (scale, bias, mean, var)
+    )
     y = g.div(g.sub(x, mean), g.sqrt(g.add(var, eps)))
     y = g.add(g.mul(y, scale), bias)
     return [_same_shape(ctx, y, x, "the statistics"), None, None, None, None]
