@@ -8,7 +8,8 @@ the CPU executor, with ONNX's own tolerances.
 Categories: pass; unsupported (one of our exceptions, KnError); mismatch (wrong numbers, dtype or
 shape: a silent wrong answer, must be zero); internal (any other exception: a bug, must be zero);
 f16-ulp (an f16 result within 2 units in the last place of the reference but outside ONNX's
-relative tolerance — not counted as a pass, listed for review).
+relative tolerance — not counted as a pass, listed for review); known-deviation (KNOWN_DEVIATIONS:
+the reference itself is off, with the reason written down).
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ from kn_graph.errors import KnError, StaticInputRequiredError
 from kn_graph.onnx import load_onnx
 
 PASSING = Path(__file__).with_name("passing.txt")
+
+KNOWN_DEVIATIONS = {
+    "test_dft_inverse": "the reference is a float32 FFT whose rounding noise at exact zeros "
+    "(1.9e-7) exceeds the test's atol of 1e-7; we compute in float64 (error 7e-16 there); "
+    "onnxruntime fails every DFT test by more",
+    "test_dft_inverse_opset19": "as test_dft_inverse",
+}
+"""Tests whose reference, not our result, is off; they count as neither pass nor mismatch."""
 MAX_PINNED = 8
 
 
@@ -109,6 +118,8 @@ def run_case(case) -> Outcome:
             ok = np.array_equal(got, ref)
         if not ok and ref.dtype == np.float16 and _within_f16_ulps(got, ref, 2):
             return Outcome(case.name, "f16-ulp", f"output {i}: within 2 f16 ulps, outside ONNX's rtol={case.rtol}")
+        if not ok and case.name in KNOWN_DEVIATIONS:
+            return Outcome(case.name, "known-deviation", KNOWN_DEVIATIONS[case.name])
         if not ok:
             err = np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))) if got.size else 0
             return Outcome(case.name, "mismatch", f"output {i}: max abs diff {err:.3g}")
