@@ -36,6 +36,7 @@ import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -78,8 +79,8 @@ def main() -> int:
         so.inter_op_num_threads = 1
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         ort_feed = {i.name: data[f"in0:{i.name}"] for i in sess.get_inputs()}
-        t_ours = _median_time(lambda: evaluate(graph, feed), ARGS.runs, ARGS.warmup)
-        t_ort = _median_time(lambda: sess.run(None, ort_feed), ARGS.runs, ARGS.warmup)
+        t_ours = _median_time(partial(evaluate, graph, feed), ARGS.runs, ARGS.warmup)
+        t_ort = _median_time(partial(sess.run, None, ort_feed), ARGS.runs, ARGS.warmup)
         rows.append((fx["name"], t_ours, t_ort, t_ours / t_ort))
         print(f"{fx['name']:28s} ours {t_ours * 1e3:9.2f} ms   onnxruntime {t_ort * 1e3:9.2f} ms   ratio {t_ours / t_ort:6.2f}", flush=True)
     if not rows:

@@ -19,7 +19,6 @@ from typing import assert_never
 import numpy as np
 import scipy.special
 
-from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, InputMismatchError, KnError, ShapeMismatchError
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
@@ -268,9 +267,8 @@ def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind in "iu":
-        if (b < 0).any():
-            raise EvaluationError("pow: negative integer exponent")
+    if a.dtype.kind in "iu" and (b < 0).any():
+        raise EvaluationError("pow: negative integer exponent")
     return np.power(a, b)
 
 
@@ -400,19 +398,17 @@ def _conv(x: np.ndarray, w: np.ndarray, d: ConvDetails) -> np.ndarray:
     span = tuple(dl * (k - 1) + 1 for dl, k in zip(d.dilation, ks, strict=True))
     win = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + nd)))
     # win: [N, C, *out_full, *span] -> subsample by stride (out axes) and dilation (window axes)
-    sel = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in d.stride) + tuple(
-        slice(None, None, dl) for dl in d.dilation
-    )
+    sel = (slice(None), slice(None), *tuple(slice(None, None, s) for s in d.stride), *tuple(slice(None, None, dl) for dl in d.dilation))
     win = win[sel]
     out_sp = win.shape[2 : 2 + nd]
     cg = c // g
     # [N, G, Cg, *out, *k] -> [N, G, *out, Cg, *k] -> [N, G, P, Cg*K]
-    win = win.reshape((n, g, cg) + out_sp + ks)
-    perm = (0, 1) + tuple(range(3, 3 + nd)) + (2,) + tuple(range(3 + nd, 3 + 2 * nd))
+    win = win.reshape((n, g, cg, *out_sp, *ks))
+    perm = (0, 1, *tuple(range(3, 3 + nd)), 2, *tuple(range(3 + nd, 3 + 2 * nd)))
     cols = win.transpose(perm).reshape(n, g, math.prod(out_sp), cg * math.prod(ks))
     wm = w.reshape(g, k_out // g, cg * math.prod(ks))
     out = np.matmul(cols, wm.transpose(0, 2, 1)[None])  # [N, G, P, Kg]
-    out = out.transpose(0, 1, 3, 2).reshape((n, k_out) + out_sp)
+    out = out.transpose(0, 1, 3, 2).reshape((n, k_out, *out_sp))
     return np.ascontiguousarray(out, dtype=x.dtype)
 
 

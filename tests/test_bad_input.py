@@ -54,7 +54,7 @@ def test_mlp_loads_and_matches_numpy() -> None:
 
 
 def test_missing_file() -> None:
-    with pytest.raises(OnnxImportError, match="cannot read ONNX model '.*nope.onnx'"):
+    with pytest.raises(OnnxImportError, match=r"cannot read ONNX model '.*nope.onnx'"):
         load_onnx("/nonexistent/nope.onnx")
 
 
@@ -113,7 +113,7 @@ def test_missing_external_data(tmp_path) -> None:
     g = load_onnx(tmp_path / "m.onnx")  # loads with the data file present
     assert len(g.inputs) == 1
     (tmp_path / "weights.bin").unlink()
-    with pytest.raises(OnnxImportError, match="cannot read external data file '.*weights.bin'"):
+    with pytest.raises(OnnxImportError, match=r"cannot read external data file '.*weights.bin'"):
         load_onnx(tmp_path / "m.onnx")
 
 
@@ -162,7 +162,7 @@ def test_wrong_input_dtype(mlp_prepared) -> None:
 
 
 def test_wrong_input_shape(mlp_prepared) -> None:
-    with pytest.raises(ShapeMismatchError, match="input 'x', axis 1: expected size 4.*found 5"):
+    with pytest.raises(ShapeMismatchError, match=r"input 'x', axis 1: expected size 4.*found 5"):
         mlp_prepared.eval([np.zeros((2, 5), np.float32)])
 
 
@@ -174,7 +174,7 @@ def test_wrong_input_rank(mlp_prepared) -> None:
 def test_batch_size_contradicting_shapes() -> None:
     p = Device.cpu().prepare(load_onnx(_mlp_model()), batch_size=3)
     assert p.eval([np.zeros((3, 4), np.float32)])[0].shape == (3, 2, 4)
-    with pytest.raises(ShapeMismatchError, match="input 'x', axis 0: expected size B = 3.*found 2"):
+    with pytest.raises(ShapeMismatchError, match=r"input 'x', axis 0: expected size B = 3.*found 2"):
         p.eval([np.zeros((2, 4), np.float32)])
 
 

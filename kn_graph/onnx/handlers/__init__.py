@@ -1,6 +1,25 @@
 """ONNX op handlers, one module per op family; importing this package registers them all."""
 
-from kn_graph.onnx.handlers import elementwise, nn, reduce, shape  # noqa: F401
-from kn_graph.onnx.handlers import loss, quant  # noqa: F401  (elementwise compositions)
-from kn_graph.onnx.handlers import control, tensor  # noqa: F401  (indexing, If)
-from kn_graph.onnx.handlers import attention, conv, deform_conv, einsum, grid, linear_attention, norm, pool, resize, rnn, roi_align, rotary, signal  # noqa: F401  (nn family)
+from kn_graph.onnx.handlers import (  # noqa: F401
+    attention,  # ONNX Attention (opset 23+), lowered to the IR Attention op
+    control,  # If with a load-time condition
+    conv,  # Conv, ConvTranspose, Col2Im, CausalConvWithState
+    deform_conv,
+    einsum,
+    elementwise,  # arithmetic, math, activations, comparisons, logic, casts, Where
+    grid,  # GridSample, AffineGrid
+    linear_attention,
+    loss,  # NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss
+    nn,  # MatMul, Gemm, Softmax family, LRN, normalisations of vectors
+    norm,  # BatchNorm, InstanceNorm, GroupNorm, LayerNorm, RMSNorm
+    pool,  # Max/Average/Lp/Global pooling
+    quant,  # QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear
+    reduce,  # Reduce*, ArgMax/ArgMin, CumSum/CumProd
+    resize,  # Resize, Upsample
+    rnn,  # RNN, LSTM, GRU (unrolled)
+    roi_align,
+    rotary,  # RotaryEmbedding
+    shape,  # Shape, Reshape, Concat, Split, Expand, Range, …
+    signal,  # DFT, STFT, window functions
+    tensor,  # Slice, Gather*, Scatter*, Pad, Trilu, OneHot, …
+)
