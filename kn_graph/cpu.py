@@ -96,45 +96,50 @@ def bind_inputs(
 def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> list[np.ndarray]:
     """Evaluate the graph's outputs for the given inputs (a list in input order, or a name map)."""
     arrays, bindings = bind_inputs(graph, inputs, batch_size)
-    n = len(graph)
-    last_use = list(range(n))
-    for v in graph.values():
-        for x in graph[v].op.inputs:
-            last_use[x.index] = v.index
+    infos = graph.value_infos()
+    operands = [tuple(x.index for x in info.op.inputs) for info in infos]
+    last_use = list(range(len(infos)))
+    for i, ops in enumerate(operands):
+        for x in ops:
+            last_use[x] = i
     keep = {v.index for v in graph.outputs}
-    env: list[np.ndarray | None] = [None] * n
-    for v in graph.values():
-        info = graph[v]
+    env: list[np.ndarray | None] = [None] * len(infos)
+    for i, info in enumerate(infos):
         try:
-            result = _compute(info, env, arrays, bindings)
+            shape = info.shape.eval(bindings)
+            result = _compute(info, shape, env, arrays, bindings)
         except (EvaluationError, ShapeMismatchError) as e:  # an op's own check, an unbound symbol
-            raise type(e)(f"while computing {graph.format_value(v)}: {e}") from e
+            raise type(e)(f"while computing {graph.format_value(graph.value(i))}: {e}") from e
         except KnError:
             raise
         except Exception as e:  # numpy errors become ours, naming the value and its op
-            raise EvaluationError(f"while computing {graph.format_value(v)}: {type(e).__name__}: {e}") from e
-        expected = info.shape.eval(bindings)
-        if result.shape != expected or result.dtype != info.dtype.np:
             raise EvaluationError(
-                f"internal: {graph.format_value(v)} produced {result.dtype}{list(result.shape)}, "
-                f"expected {info.dtype}{list(expected)}"
+                f"while computing {graph.format_value(graph.value(i))}: {type(e).__name__}: {e}"
+            ) from e
+        if result.shape != shape or result.dtype != info.dtype.np:
+            raise EvaluationError(
+                f"internal: {graph.format_value(graph.value(i))} produced {result.dtype}"
+                f"{list(result.shape)}, expected {info.dtype}{list(shape)}"
             )
-        env[v.index] = result
-        for x in info.op.inputs:
-            if last_use[x.index] == v.index and x.index not in keep:
-                env[x.index] = None
+        env[i] = result
+        for x in operands[i]:
+            if last_use[x] == i and x not in keep:
+                env[x] = None
     return [np.array(env[v.index]) for v in graph.outputs]  # writable copies, never views of constants
 
 
 def _compute(
-    info: ValueInfo, env: list[np.ndarray | None], inputs: list[np.ndarray], bindings: dict[str, int]
+    info: ValueInfo,
+    shape: tuple[int, ...],
+    env: list[np.ndarray | None],
+    inputs: list[np.ndarray],
+    bindings: dict[str, int],
 ) -> np.ndarray:
     def get(x: object) -> np.ndarray:
         a = env[x.index]  # type: ignore[attr-defined]
         assert a is not None, "value used after it was freed"
         return a
 
-    shape = info.shape.eval(bindings)
     dt = info.dtype.np
     match info.op:
         case Input(index):
@@ -394,7 +399,10 @@ def _conv(x: np.ndarray, w: np.ndarray, d: ConvDetails) -> np.ndarray:
     k_out = w.shape[0]
     g = d.groups
     ks = w.shape[2:]
-    xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in d.padding]) if any(d.padding) else x
+    xp = x
+    if any(d.padding):  # zero padding by hand: np.pad's generality costs more than the copy
+        xp = np.zeros(x.shape[:2] + tuple(n + 2 * p for n, p in zip(x.shape[2:], d.padding, strict=True)), x.dtype)
+        xp[(slice(None), slice(None), *(slice(p, p + n) for n, p in zip(x.shape[2:], d.padding, strict=True)))] = x
     span = tuple(dl * (k - 1) + 1 for dl, k in zip(d.dilation, ks, strict=True))
     win = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + nd)))
     # win: [N, C, *out_full, *span] -> subsample by stride (out axes) and dilation (window axes)

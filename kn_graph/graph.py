@@ -136,6 +136,14 @@ class Graph(NNBuilders):
     def __len__(self) -> int:
         return len(self._infos)
 
+    def value(self, index: int) -> Value:
+        """The handle of the value at `index`."""
+        return self.check(Value(index, self.id))
+
+    def value_infos(self) -> tuple[ValueInfo, ...]:
+        """Every value's info in index (= topological) order; for fast executor loops."""
+        return tuple(self._infos)
+
     def values(self) -> Iterator[Value]:
         return (Value(i, self.id) for i in range(len(self._infos)))
 
