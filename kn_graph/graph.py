@@ -223,6 +223,11 @@ class Graph(NNBuilders):
         dt = DType.from_np(arr.dtype)
         return self._push(Shape.of(*arr.shape), dt, Constant(Tensor(arr)))
 
+    def constant_tensor(self, tensor: Tensor) -> Value:
+        """A constant from an existing Tensor (no copy, no re-hash: rebuilding passes use it)."""
+        arr = tensor.array
+        return self._push(Shape.of(*arr.shape), DType.from_np(arr.dtype), Constant(tensor))
+
     def scalar(self, value: float | int | bool, dtype: DType) -> Value:
         """A rank-0 constant; a value the dtype cannot hold exactly (0.5 or 300 as u8) raises."""
         try:

@@ -116,7 +116,7 @@ def copy_op(g: Graph, info: ValueInfo, op: Op) -> Value:
         case Input():
             return g.input(info.shape, info.dtype, info.debug_name)
         case Constant(t):
-            return g.constant(t.array)
+            return g.constant_tensor(t)
         case View(x):
             return g.view(x, info.shape)
         case Broadcast(x):
@@ -168,12 +168,14 @@ def _live(g: Graph) -> list[bool]:
     return live
 
 
-def _round(g: Graph, settings: OptimizerSettings) -> Graph:
+def _round(g: Graph, settings: OptimizerSettings) -> tuple[Graph, int]:
+    """One rebuild; returns the new graph and how many rewrites fired."""
     rw = Rewriter(g, settings)
     for v in g.inputs:
         rw.set(v, rw.new.input(g[v].shape, g[v].dtype, g[v].debug_name))
     live = _live(g)
     active = [f for flag, f in REWRITES if getattr(settings, flag)]
+    fired = 0
     for v in g.values():
         if not live[v.index] or isinstance(g[v].op, Input):
             continue
@@ -182,13 +184,14 @@ def _round(g: Graph, settings: OptimizerSettings) -> Graph:
             out = f(rw, v)
             if out is not None:
                 break
+        fired += out is not None
         new_v = out if out is not None else rw.copy(v)
         if g[v].debug_name:
             rw.new.set_debug_name(new_v, g[v].debug_name)
         rw.set(v, new_v)
     for v, name in zip(g.outputs, g.output_names, strict=True):
         rw.new.add_output(rw.get(v), name)
-    return rw.new
+    return rw.new, fired
 
 
 def optimize(graph: Graph, settings: OptimizerSettings | None = None) -> Graph:
@@ -212,10 +215,12 @@ def optimize(graph: Graph, settings: OptimizerSettings | None = None) -> Graph:
     settings = settings or OptimizerSettings()
     g = graph
     for _ in range(max(1, settings.max_rounds)):
-        new = _round(g, settings)
+        new, fired = _round(g, settings)
         # a rewrite leaves the values it replaced dead in `new` (they were copied before their
-        # user matched): count live values, so the next round sweeps them
-        done = sum(_live(new)) >= len(g)
+        # user matched): count live values, so the next round sweeps them; a round in which
+        # nothing fired and nothing died is a fixed point
+        live = sum(_live(new))
+        done = live >= len(g) or (fired == 0 and live == len(new))
         g = new
         if done:
             break
