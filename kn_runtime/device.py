@@ -1,8 +1,9 @@
 """Devices and prepared graphs: `Device.best().prepare(graph, batch_size).eval(inputs)`.
 
-The CPU device runs the NumPy reference executor. CUDA devices come from `kn_cuda_eval` when it is
-installed and a GPU works; `Device.best()` probes for one without ever crashing and falls back to
-the CPU.
+The CPU device runs the NumPy reference executor. CUDA devices run `kn_cuda_eval`'s
+`CudaExecutor` (one per binding of the size symbols, built on first use and cached) when CuPy, a
+driver and a GPU work; `Device.best()` probes for one without ever crashing and falls back to the
+CPU.
 """
 
 from __future__ import annotations
@@ -11,13 +12,19 @@ import importlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from kn_graph.cpu import bind_inputs, evaluate
-from kn_graph.errors import CudaUnavailableError, ShapeMismatchError
+from kn_graph.errors import (
+    CudaUnavailableError,
+    InputMismatchError,
+    KnError,
+    ShapeMismatchError,
+)
 from kn_graph.graph import Graph
-from kn_graph.shape import BATCH
+from kn_graph.shape import BATCH, infer_symbols
 
 __all__ = ["Device", "PreparedGraph"]
 
@@ -48,20 +55,32 @@ class Device:
     @staticmethod
     def best() -> Device:
         """The first working CUDA device, else the CPU. Decided now, never crashes."""
-        if _cuda_problem(0) is None:
-            return Device("cuda", 0)
+        for index in range(max(_cuda_count(), 1)):
+            if _cuda_problem(index) is None:
+                return Device("cuda", index)
         return Device.cpu()
 
-    def prepare(self, graph: Graph, batch_size: int | None = None) -> PreparedGraph:
-        """Bind a graph to this device. With `batch_size=None` symbols are inferred per call."""
+    def prepare(
+        self, graph: Graph, batch_size: int | None = None, *, settings: Any = None
+    ) -> PreparedGraph:
+        """Bind a graph to this device. With `batch_size=None` symbols are inferred per call.
+        On CUDA, `settings` is a `kn_cuda_eval.device.ExecutorSettings` (None: the defaults)."""
         if batch_size is not None and batch_size < 0:
             raise ShapeMismatchError(f"batch size must be >= 0, found {batch_size}")
         if self.kind == "cuda":
-            raise CudaUnavailableError("the CUDA executor is not part of this build yet")
+            return CudaPreparedGraph(graph, self, batch_size, settings)
         return PreparedGraph(graph, self, batch_size)
 
     def __str__(self) -> str:
         return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+
+def _cuda_count() -> int:
+    """CUDA devices the driver shows; 0 when anything is missing."""
+    try:
+        return int(importlib.import_module("kn_cuda_eval.device").device_count())
+    except Exception:
+        return 0
 
 
 def _cuda_problem(index: int) -> str | None:
@@ -95,9 +114,90 @@ class PreparedGraph:
         Checks count, dtype and shape of every input (InputMismatchError / ShapeMismatchError)."""
         return evaluate(self.graph, inputs, self.batch_size)
 
+    def profile(self, inputs: Inputs) -> Any:
+        """Per-step device times of one evaluation (`kn_cuda_eval.device.Profile`); CUDA only."""
+        raise KnError(f"profiling times device steps; {self.device} has none (use a CUDA device)")
+
     def check_inputs(self, inputs: Inputs) -> dict[str, int]:
         """The symbol bindings the inputs imply (raises on any mismatch)."""
         return bind_inputs(self.graph, inputs, self.batch_size)[1]
 
     def __repr__(self) -> str:
         return f"<PreparedGraph on {self.device}, batch_size={self.batch_size}, {len(self.graph)} values>"
+
+
+class CudaPreparedGraph(PreparedGraph):
+    """A graph on a CUDA device: one `CudaExecutor` per binding of the size symbols (built on
+    first use, or at once when `batch_size` fixes every symbol), kept for later calls."""
+
+    def __init__(self, graph: Graph, device: Device, batch_size: int | None, settings: Any) -> None:
+        super().__init__(graph, device, batch_size)
+        self.settings = settings
+        self.executors: dict[tuple[tuple[str, int], ...], Any] = {}
+        symbols = (
+            set().union(*(graph[v].shape.symbols for v in graph.inputs)) if graph.inputs else set()
+        )
+        if batch_size is not None and symbols <= {BATCH}:
+            self.executor({BATCH: batch_size} if BATCH in symbols else {})
+
+    def executor(self, bindings: Mapping[str, int]) -> Any:
+        """The executor for these symbol values (planned, compiled and allocated once)."""
+        key = tuple(sorted(bindings.items()))
+        ex = self.executors.get(key)
+        if ex is None:
+            from kn_cuda_eval.device import CudaExecutor
+
+            ex = CudaExecutor(
+                self.graph,
+                device=self.device.index,
+                bindings=dict(bindings),
+                settings=self.settings,
+            )
+            self.executors[key] = ex
+        return ex
+
+    def _bindings(self, inputs: Inputs) -> dict[str, int]:
+        """Symbols from the inputs' shapes and dtypes (device arrays answer `.shape` and `.dtype`
+        without a copy); raises InputMismatchError as the CPU device does."""
+        names = self.graph.input_names
+        if isinstance(inputs, Mapping):
+            missing = [n for n in names if n not in inputs]
+            extra = [n for n in inputs if n not in names]
+            if missing or extra:
+                raise InputMismatchError(
+                    f"inputs by name: missing {missing}, unexpected {extra}; the graph takes {names}"
+                )
+            arrays = [inputs[n] for n in names]
+        else:
+            arrays = list(inputs)
+            if len(arrays) != len(names):
+                raise InputMismatchError(
+                    f"expected {len(names)} inputs ({', '.join(names)}), found {len(arrays)}"
+                )
+        shapes = []
+        for name, v, a in zip(names, self.graph.inputs, arrays, strict=True):
+            if not (hasattr(a, "shape") and hasattr(a, "dtype")):
+                a = np.asarray(a)
+            want = self.graph[v].dtype
+            if np.dtype(a.dtype) != want.np:
+                raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
+            shapes.append(tuple(int(d) for d in a.shape))
+        known = {BATCH: int(self.batch_size)} if self.batch_size is not None else None
+        try:
+            return infer_symbols(
+                [self.graph[v].shape for v in self.graph.inputs],
+                shapes,
+                [f"input '{n}'" for n in names],
+                known,
+            )
+        except InputMismatchError:
+            raise
+        except ShapeMismatchError as e:
+            raise InputMismatchError(str(e)) from e
+
+    def eval(self, inputs: Inputs, *, return_device: bool = False) -> list[Any]:
+        """Evaluate on the device; NumPy or device arrays in, NumPy (or device) arrays out."""
+        return self.executor(self._bindings(inputs)).eval(inputs, return_device=return_device)  # type: ignore[no-any-return]
+
+    def profile(self, inputs: Inputs) -> Any:
+        return self.executor(self._bindings(inputs)).profile(inputs)

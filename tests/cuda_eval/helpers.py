@@ -1,12 +1,17 @@
 """`check_plan`: plan a graph (as given and optimized), validate the plan, run it in the emulator
-against the CPU executor, and compile every kernel it generates with NVRTC for sm_80 and sm_90."""
+against the CPU executor, compile every kernel it generates with NVRTC for sm_80 and sm_90, and
+run it through the CUDA executor: on the fake device (CPU, always) and on the real one when
+present (with and without CUDA graphs). `KN_REQUIRE_CUDA=1` turns a missing GPU into a failure."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import functools
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 
 from kn_cuda_eval import Plan, PlanSettings, emulate, plan
 from kn_cuda_eval.kernels import Kernel, distinct_kernels
@@ -72,6 +77,73 @@ def assert_close(got: np.ndarray, ref: np.ndarray, what: str = "") -> None:
     assert err <= TOL["f"][ref.dtype.itemsize], f"{what}: max relative difference {err:.3g}"
 
 
+@functools.cache
+def gpu_problem() -> str | None:
+    """Why the real CUDA device cannot be used here (None: it can)."""
+    try:
+        from kn_cuda_eval.device import probe
+
+        return probe(0)
+    except Exception as e:  # the probe itself never raises, but a broken install might
+        return f"{type(e).__name__}: {e}"
+
+
+def need_gpu() -> None:
+    """Skip (or fail, with KN_REQUIRE_CUDA=1) unless a CUDA device works."""
+    reason = gpu_problem()
+    if reason is not None:
+        if os.environ.get("KN_REQUIRE_CUDA") == "1":
+            pytest.fail(f"KN_REQUIRE_CUDA=1 but no CUDA device: {reason}")
+        pytest.skip(f"no CUDA device: {reason}")
+
+
+def run_fake(
+    p: Plan,
+    inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+    cuda_graphs: bool = False,
+    evals: int = 1,
+) -> list[np.ndarray]:
+    """The plan through the CUDA executor on the fake device (the last evaluation's outputs)."""
+    from kn_cuda_eval.device.executor import CudaExecutor
+    from kn_cuda_eval.device.settings import ExecutorSettings
+    from tests.cuda_eval.fake_device import FakeApi
+
+    fake = FakeApi()
+    ex = CudaExecutor.from_plan(p, settings=ExecutorSettings(cuda_graphs=cuda_graphs), api=fake)
+    fake.expect(ex.launches)
+    out: list[np.ndarray] = []
+    for _ in range(evals):
+        out = ex.eval(inputs)
+    return out
+
+
+def check_device(
+    p: Plan,
+    inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+    ref: Sequence[np.ndarray],
+    label: str,
+) -> None:
+    """The executor's outputs against `ref`: on the fake device (always), then on the GPU when
+    there is one, with CUDA graphs (warm-up, then captured replays) and without."""
+    for k, (a, b) in enumerate(zip(run_fake(p, inputs), ref, strict=True)):
+        assert_close(a, b, f"{label} output {k} on the fake device\n{p}")
+    if gpu_problem() is None:
+        from kn_cuda_eval.device.executor import CudaExecutor
+        from kn_cuda_eval.device.settings import ExecutorSettings
+
+        for graphs in (False, True):
+            with CudaExecutor.from_plan(p, settings=ExecutorSettings(cuda_graphs=graphs)) as ex:
+                for run in range(3 if graphs else 1):
+                    got = ex.eval(inputs)
+                    for k, (a, b) in enumerate(zip(got, ref, strict=True)):
+                        assert_close(
+                            a, b, f"{label} output {k} on the GPU (graphs={graphs}, run {run})"
+                        )
+                assert ex.uses_cuda_graph == graphs, ex.graph_error
+    elif os.environ.get("KN_REQUIRE_CUDA") == "1":
+        pytest.fail(f"KN_REQUIRE_CUDA=1 but no CUDA device: {gpu_problem()}")
+
+
 def check_plan(
     graph: Graph,
     inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
@@ -94,5 +166,6 @@ def check_plan(
         for k, (a, b) in enumerate(zip(got, ref, strict=True)):
             assert_close(a, b, f"{label} output {k} ({g.output_names[k]})\n{p}")
         compile_all(p)
+        check_device(p, inputs, ref, label)
         plans.append(p)
     return plans

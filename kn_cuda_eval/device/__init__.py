@@ -1,0 +1,41 @@
+"""kn_cuda_eval.device — the CUDA executor. The only package that touches CuPy, cuBLAS and
+cuDNN, and only lazily: importing it (or `ExecutorSettings`, `bind`, `Profile`) needs no GPU.
+
+    CudaExecutor(graph, batch_size, device=0).eval(inputs)   # plan, bind, run on the device
+    probe(index) -> str | None                               # why CUDA is unusable, or None
+
+Layers: `calls.bind(plan)` turns the plan into a launch list (pure, tested on the CPU);
+`executor.CudaExecutor` executes it through `api.DeviceApi` (CuPy); `conv.CudnnBackend` runs
+the convolutions. `python -m kn_cuda_eval.device` prints the versions of the GPU stack.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kn_cuda_eval.device.calls import LaunchList, bind
+from kn_cuda_eval.device.probe import device_count, probe, versions
+from kn_cuda_eval.device.profile import Profile
+from kn_cuda_eval.device.settings import ExecutorSettings
+
+if TYPE_CHECKING:
+    from kn_cuda_eval.device.executor import CudaExecutor
+
+__all__ = [
+    "CudaExecutor",
+    "ExecutorSettings",
+    "LaunchList",
+    "Profile",
+    "bind",
+    "device_count",
+    "probe",
+    "versions",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CudaExecutor":  # imported on first use: CuPy loads only then
+        from kn_cuda_eval.device.executor import CudaExecutor
+
+        return CudaExecutor
+    raise AttributeError(f"module 'kn_cuda_eval.device' has no attribute '{name}'")

@@ -1,0 +1,438 @@
+"""`CudaExecutor`: runs a plan on a CUDA device exactly as the emulator runs it on the CPU — one
+allocation (the plan's arena plus staging, zeros and library workspaces), constants uploaded once,
+NVRTC cubins, cuBLAS GEMMs on a private handle, cuDNN convolutions, all on one stream; after a
+warm-up evaluation the step list is replayed as one CUDA graph.
+
+>>> from kn_graph import DType, Graph, Shape
+>>> g = Graph()
+>>> x = g.input(Shape.of(2, 3), DType.F32, "x")
+>>> g.add_output(g.relu(x), "y")
+>>> ex = CudaExecutor(g)                                   # doctest: +SKIP
+>>> ex.eval([np.ones((2, 3), np.float32)])[0].sum()        # doctest: +SKIP
+6.0
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kn_cuda_eval.device.api import D2D, D2H, H2D, DeviceApi, DeviceArray, default_api
+from kn_cuda_eval.device.calls import ConvCall, GemmCall, KernelCall, LaunchList, bind
+from kn_cuda_eval.device.conv import CudnnBackend, PreparedConv
+from kn_cuda_eval.device.profile import Profile, ProfileRow
+from kn_cuda_eval.device.settings import ExecutorSettings
+from kn_cuda_eval.kernels.compile import clamp_arch, compile_kernel
+from kn_cuda_eval.memory import align
+from kn_cuda_eval.plan import Plan, plan
+from kn_graph.errors import CudaUnavailableError, EvaluationError, InputMismatchError
+from kn_graph.graph import Graph
+
+__all__ = ["CudaExecutor"]
+
+log = logging.getLogger(__name__)
+
+Inputs = Sequence[object] | Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """An input or output: where it lives in the allocation and in the pinned host buffer."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int
+    host: int
+    nbytes: int
+
+
+def _check_input(slot: _Slot, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    if tuple(shape) != slot.shape or np.dtype(dtype) != slot.dtype:
+        raise InputMismatchError(
+            f"input '{slot.name}': expected {slot.dtype}{list(slot.shape)}, "
+            f"found {np.dtype(dtype)}{list(shape)}"
+        )
+
+
+class CudaExecutor:
+    """A graph (or plan) bound to CUDA device `device` for one binding of its size symbols.
+
+    `eval(inputs)` takes NumPy arrays (copied through pinned buffers) or device arrays — CuPy,
+    `__cuda_array_interface__` or CUDA DLPack tensors such as torch's (copied on the device,
+    never through the host) — and returns NumPy arrays, or fresh CuPy arrays with
+    `return_device=True`. Not re-entrant: one evaluation at a time (a lock enforces it)."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        batch_size: int | None = None,
+        device: int = 0,
+        *,
+        bindings: Mapping[str, int] | None = None,
+        settings: ExecutorSettings | None = None,
+        api: DeviceApi | None = None,
+    ) -> None:
+        sets = settings if settings is not None else ExecutorSettings()
+        self._setup(plan(graph, batch_size, bindings, sets.plan), device, sets, api)
+
+    @classmethod
+    def from_plan(
+        cls,
+        p: Plan,
+        device: int = 0,
+        *,
+        settings: ExecutorSettings | None = None,
+        api: DeviceApi | None = None,
+    ) -> CudaExecutor:
+        """An executor for an existing plan (its PlanSettings are whatever made it)."""
+        self = cls.__new__(cls)
+        self._setup(p, device, settings if settings is not None else ExecutorSettings(), api)
+        return self
+
+    # -- construction ------------------------------------------------------------------------
+    def _setup(self, p: Plan, device: int, sets: ExecutorSettings, api: DeviceApi | None) -> None:
+        self.plan = p
+        self.settings = sets
+        self.device = device
+        self.launches: LaunchList = bind(p, sets)
+        self._api: DeviceApi = api if api is not None else default_api()
+        self._lock = threading.Lock()
+        self._graph: Any = None
+        self.graph_error: str | None = None
+        """Why CUDA graph capture failed (the executor then launches step by step), or None."""
+        self.evaluations = 0
+        self._convs: list[PreparedConv] = []
+        reason = self._api.problem(device)
+        if reason is not None:
+            raise CudaUnavailableError(f"CUDA device {device} is not usable: {reason}")
+        with self._api.use(device):
+            self._build()
+
+    def _build(self) -> None:
+        api, lay, calls = self._api, self.launches.layout, self.launches.calls
+        self.arch = clamp_arch(api.compute_capability(self.device))
+        self.device_name = api.device_name(self.device)
+        functions = self._load_kernels()
+        self._stream = api.stream()
+        conv_ws = 0
+        if self.launches.has_conv:
+            lib = api.cudnn()
+            backend = CudnnBackend(
+                lib, api.cudnn_handle(self.device), self.settings.conv_workspace_limit
+            )
+            for c in calls:
+                if isinstance(c, ConvCall):
+                    self._convs.append(backend.prepare(c))
+            conv_ws = max(pc.workspace for pc in self._convs)
+        self.arena_bytes = lay.total(conv_ws)
+        """Device bytes of the one allocation (constants, workspace, staging, library workspaces)."""
+        self._base, self._arena = api.alloc(self.arena_bytes)
+        self._upload()
+        self._blas = api.blas_handle(self.device) if self.launches.has_gemm else 0
+        self._steps: list[Callable[[], None]] = []
+        self.call_descriptions: list[str] = []
+        conv_iter = iter(self._convs)
+        for c in calls:
+            match c:
+                case KernelCall():
+                    self._steps.append(self._kernel_thunk(c, functions[c.name]))
+                    self.call_descriptions.append(c.describe())
+                case GemmCall():
+                    self._steps.append(self._gemm_thunk(c))
+                    self.call_descriptions.append(c.describe())
+                case ConvCall():
+                    pc = next(conv_iter)
+                    self._steps.append(self._conv_thunk(pc, lay.conv_workspace))
+                    self.call_descriptions.append(pc.description)
+        self._slots()
+        self._stream.synchronize()
+
+    def _load_kernels(self) -> dict[str, int]:
+        kernels = self.launches.kernels
+        workers = max(1, min(self.settings.compile_threads, len(kernels)))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            compiled = list(pool.map(lambda k: compile_kernel(k, self.arch), kernels))
+        return {
+            k.name: self._api.load_function(self.device, k.name, ck.cubin)
+            for k, ck in zip(kernels, compiled, strict=True)
+        }
+
+    def _upload(self) -> None:
+        """Poison everything (as the emulator does), zero the zeros region, copy the constants."""
+        api, s, lay, base = self._api, self._stream, self.launches.layout, self._base
+        if self.settings.poison:
+            api.memset_async(base, 0xFF, lay.plan_size, s)
+        api.memset_async(base + lay.zeros, 0, lay.zeros_size, s)
+        s.synchronize()
+        for off, data in self.plan.constants:
+            raw = np.ascontiguousarray(data)
+            if raw.nbytes:
+                api.memcpy(base + off, raw.ctypes.data, raw.nbytes, H2D)
+        api.memset_async(base + self.launches.status, 0, 4, s)
+
+    def _slots(self) -> None:
+        """Pinned host buffers: inputs packed in one, outputs and the status word in another."""
+        pos = 0
+        self._in: list[_Slot] = []
+        for name, v in zip(self.plan.input_names, self.launches.inputs, strict=True):
+            self._in.append(_Slot(name, v.shape, v.dtype.np, v.offset, pos, v.nbytes))
+            pos = align(pos + v.nbytes)
+        self._pin_in = self._api.alloc_pinned(pos)
+        pos = 0
+        self._out: list[_Slot] = []
+        for o in self.launches.outputs:
+            self._out.append(_Slot(o.name, o.shape, o.dtype.np, o.offset, pos, o.nbytes))
+            pos = align(pos + o.nbytes)
+        self._status_host = pos
+        self._pin_out = self._api.alloc_pinned(pos + 8)
+
+    # -- thunks: one closure per call, arguments packed once -------------------------------------
+    def _kernel_thunk(self, c: KernelCall, fn: int) -> Callable[[], None]:
+        packed = c.packed(self._base)
+        slots = np.zeros(max(len(packed), 1), np.uint64)  # one 8-byte slot per argument
+        for k, a in enumerate(packed):
+            slots[k : k + 1].view(a.dtype)[0] = a  # little-endian: the value starts the slot
+        params = slots.ctypes.data + 8 * np.arange(len(slots), dtype=np.uint64)
+        api, stream, launch = self._api, self._stream, c.launch
+        grid, block, shm, ptr = launch.grid, launch.block, launch.shared_mem, params.ctypes.data
+
+        def run() -> None:
+            api.launch(fn, grid, block, shm, stream, ptr)
+
+        run.keep = (slots, params)  # type: ignore[attr-defined]
+        return run
+
+    def _gemm_thunk(self, c: GemmCall) -> Callable[[], None]:
+        api, stream, handle = self._api, self._stream, self._blas
+        alpha = np.array([c.alpha], c.scalar)
+        beta = np.array([c.beta], c.scalar)
+        args = c.arguments(handle, self._base, alpha.ctypes.data, beta.ctypes.data)
+        fn = getattr(api.blas, c.function)
+        lay = self.launches.layout
+        ws, ws_size = self._base + lay.cublas_workspace, lay.cublas_workspace_size
+
+        def run() -> None:
+            api.blas.setStream(handle, stream.ptr)  # a shared handle: set on every call
+            api.blas_set_workspace(handle, ws, ws_size)
+            fn(*args)
+
+        run.keep = (alpha, beta)  # type: ignore[attr-defined]
+        return run
+
+    def _conv_thunk(self, pc: PreparedConv, ws_offset: int) -> Callable[[], None]:
+        base, stream = self._base, self._stream
+        ws = base + ws_offset
+
+        def run() -> None:
+            pc.run(base, ws, stream.ptr)
+
+        return run
+
+    # -- running -----------------------------------------------------------------------------------
+    def _run_steps(self) -> None:
+        self._api.memset_async(self._base + self.launches.status, 0, 4, self._stream)
+        for step in self._steps:
+            step()
+
+    def _capture(self) -> None:
+        """Record the step list into a CUDA graph; on any failure, say why and stay eager."""
+        s = self._stream
+        try:
+            s.begin_capture()
+        except Exception as e:
+            self._no_graph(e)
+            return
+        try:
+            self._run_steps()
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                s.end_capture()  # leave capture mode; the graph is discarded
+            self._no_graph(e)
+            return
+        try:
+            graph = s.end_capture()
+            graph.upload(s)
+        except Exception as e:
+            self._no_graph(e)
+            return
+        self._graph = graph
+
+    def _no_graph(self, e: Exception) -> None:
+        self.graph_error = f"{type(e).__name__}: {e}"
+        log.warning("CUDA graph capture failed, launching step by step: %s", self.graph_error)
+
+    def _maybe_capture(self) -> None:
+        """Capture once a warm-up evaluation has run (library plans, module loads and lazy
+        allocations happen then, not while capturing)."""
+        if (
+            self.settings.cuda_graphs
+            and self._graph is None
+            and self.graph_error is None
+            and self.evaluations >= 1
+        ):
+            self._capture()
+
+    def _launch(self) -> None:
+        if self._graph is not None:
+            self._graph.launch(self._stream)
+        else:
+            self._run_steps()
+
+    @property
+    def uses_cuda_graph(self) -> bool:
+        return self._graph is not None
+
+    def _arrays(self, inputs: Inputs) -> list[object]:
+        names = self.plan.input_names
+        if isinstance(inputs, Mapping):
+            missing = [n for n in names if n not in inputs]
+            if missing:
+                raise InputMismatchError(f"missing inputs {missing}; the graph takes {list(names)}")
+            return [inputs[n] for n in names]
+        arrays = list(inputs)
+        if len(arrays) != len(names):
+            raise InputMismatchError(f"expected {len(names)} inputs, found {len(arrays)}")
+        return arrays
+
+    def _stage(self, inputs: Inputs) -> list[DeviceArray]:
+        """Copy every input into its arena view (host data through the pinned buffer); returns
+        the device inputs, which must stay alive until the stream is synchronised."""
+        api, s, base = self._api, self._stream, self._base
+        host: list[tuple[_Slot, np.ndarray]] = []
+        dev: list[tuple[_Slot, DeviceArray]] = []
+        for slot, a in zip(self._in, self._arrays(inputs), strict=True):
+            d = api.wrap_device(a)
+            if d is None:
+                h = np.asarray(a)
+                _check_input(slot, h.shape, h.dtype)
+                host.append((slot, h))
+            else:
+                _check_input(slot, d.shape, d.dtype)
+                dev.append((slot, d))
+        if dev:
+            s.wait_event(api.current_stream_event())  # the caller's writes come first
+        pin = self._pin_in
+        for slot, h in host:
+            if slot.nbytes:
+                view = pin[slot.host : slot.host + slot.nbytes].view(slot.dtype)
+                np.copyto(view.reshape(slot.shape), h, casting="no")
+                src = pin.ctypes.data + slot.host
+                api.memcpy_async(base + slot.offset, src, slot.nbytes, H2D, s)
+        for slot, d in dev:
+            if slot.nbytes:
+                api.memcpy_async(base + slot.offset, d.ptr, slot.nbytes, D2D, s)
+        return [d for _, d in dev]
+
+    def _finish(self, return_device: bool) -> list[Any]:
+        api, s, base, pin = self._api, self._stream, self._base, self._pin_out
+        outs: list[Any] = []
+        for slot in self._out:
+            if return_device:
+                d = api.empty(slot.shape, slot.dtype)
+                if slot.nbytes:
+                    api.memcpy_async(d.ptr, base + slot.offset, slot.nbytes, D2D, s)
+                outs.append(d.owner)
+            elif slot.nbytes:
+                api.memcpy_async(
+                    pin.ctypes.data + slot.host, base + slot.offset, slot.nbytes, D2H, s
+                )
+        api.memcpy_async(
+            pin.ctypes.data + self._status_host, base + self.launches.status, 4, D2H, s
+        )
+        s.synchronize()
+        self.evaluations += 1
+        status = int(pin[self._status_host : self._status_host + 4].view(np.uint32)[0])
+        if status:
+            raise EvaluationError(
+                f"a gather index was out of range on the device (status word {status:#x}); "
+                "the outputs of this evaluation are not valid"
+            )
+        if return_device:
+            return outs
+        for slot in self._out:
+            if slot.nbytes:
+                raw = pin[slot.host : slot.host + slot.nbytes]
+                outs.append(raw.view(slot.dtype).reshape(slot.shape).copy())
+            else:
+                outs.append(np.zeros(slot.shape, slot.dtype))
+        return outs
+
+    def eval(self, inputs: Inputs, *, return_device: bool = False) -> list[Any]:
+        """Evaluate on the device. Inputs in the plan's order, or by name; NumPy or device
+        arrays (checked for shape and dtype). Returns NumPy arrays, or CuPy arrays with
+        `return_device=True` (fresh copies: the arena is reused by the next evaluation)."""
+        with self._lock, self._api.use(self.device):
+            self._maybe_capture()
+            keep = self._stage(inputs)
+            self._launch()
+            outs = self._finish(return_device)
+            del keep
+            return outs
+
+    def run_device(self, sync: bool = True) -> None:
+        """Run the steps on whatever the arena holds, without copying inputs or outputs (for
+        benchmarks: the cost of an evaluation itself). Uses the CUDA graph once captured."""
+        with self._lock, self._api.use(self.device):
+            self._maybe_capture()
+            self._launch()
+            self.evaluations += 1
+            if sync:
+                self._stream.synchronize()
+
+    def synchronize(self) -> None:
+        with self._api.use(self.device):
+            self._stream.synchronize()
+
+    def profile(self, inputs: Inputs) -> Profile:
+        """Run once, step by step, with CUDA events around every call; returns the table of
+        device times per call and per kind."""
+        api = self._api
+        with self._lock, api.use(self.device):
+            keep = self._stage(inputs)
+            s = self._stream
+            events = [api.event() for _ in range(len(self._steps) + 1)]
+            api.memset_async(self._base + self.launches.status, 0, 4, s)
+            events[0].record(s)
+            for k, step in enumerate(self._steps):
+                step()
+                events[k + 1].record(s)
+            self._finish(False)
+            del keep
+            rows = tuple(
+                ProfileRow(c.step, c.kind, desc, api.elapsed_ms(events[k], events[k + 1]))
+                for k, (c, desc) in enumerate(
+                    zip(self.launches.calls, self.call_descriptions, strict=True)
+                )
+            )
+        return Profile(f"cuda:{self.device} ({self.device_name})", rows)
+
+    def close(self) -> None:
+        """Free the device memory, the graph and the cuDNN descriptors now (else at collection)."""
+        with self._lock:
+            self._graph = None
+            for pc in self._convs:
+                pc.close()
+            self._convs = []
+            self._steps = []
+            self._arena = None
+
+    def __enter__(self) -> CudaExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<CudaExecutor cuda:{self.device} sm_{self.arch}: {len(self.launches.calls)} calls, "
+            f"arena {self.arena_bytes} B, cuda graphs "
+            f"{'on' if self.uses_cuda_graph else 'off' if not self.settings.cuda_graphs else 'pending'}>"
+        )
