@@ -1,9 +1,11 @@
 """`kn-run`: load an ONNX model, optimize it when the optimizer is available, run it on random or
-given inputs, and print output shapes, a checksum and the time per evaluation.
+given inputs, and print output shapes, a checksum and the time per evaluation; on a CUDA device
+also the difference from the CPU executor, and with --profile the device time of every step.
 
     kn-run                       # the embedded default model
     kn-run model.onnx --batch 4 --bench
     kn-run model.onnx --dim seq=77 --input input_ids=ids.npy
+    kn-run model.onnx --device cuda --profile
 """
 
 from __future__ import annotations
@@ -78,16 +80,32 @@ def _optimize(graph: Graph, enabled: bool) -> tuple[Graph, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kn-run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="kn-run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("model", nargs="?", help="ONNX model (default: the embedded tiny model)")
     ap.add_argument("--batch", type=int, default=None, help="batch size B (default 1)")
-    ap.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="bind another size symbol")
-    ap.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="input data")
+    ap.add_argument(
+        "--dim", action="append", default=[], metavar="NAME=N", help="bind another size symbol"
+    )
+    ap.add_argument(
+        "--input", action="append", default=[], metavar="NAME=FILE.npy", help="input data"
+    )
     ap.add_argument("--device", default="best", choices=["cpu", "cuda", "best"])
     ap.add_argument("--bench", action="store_true", help="time repeated evaluations")
     ap.add_argument("--runs", type=int, default=10, help="evaluations for --bench")
     ap.add_argument("--no-optimize", action="store_true", help="run the graph as loaded")
     ap.add_argument("--print-graph", action="store_true", help="print the graph")
+    ap.add_argument(
+        "--profile", action="store_true", help="print device time per step (CUDA devices)"
+    )
+    ap.add_argument(
+        "--no-check", action="store_true", help="on CUDA, skip the comparison with the CPU executor"
+    )
+    ap.add_argument("--tf32", action="store_true", help="on CUDA, let F32 GEMMs/convs use TF32")
+    ap.add_argument(
+        "--no-cuda-graphs", action="store_true", help="on CUDA, launch step by step every time"
+    )
     args = ap.parse_args(argv)
     try:
         return _run(args)
@@ -120,8 +138,12 @@ def _run(args: argparse.Namespace) -> int:
         fixed[BATCH] = args.batch
     unknown = sorted(set(given) - set(graph.input_names))
     if unknown:
-        raise SystemExit(f"kn-run: --input names {unknown} are not inputs of the model ({graph.input_names})")
-    given_inputs = [(n, v) for n, v in zip(graph.input_names, graph.inputs, strict=True) if n in given]
+        raise SystemExit(
+            f"kn-run: --input names {unknown} are not inputs of the model ({graph.input_names})"
+        )
+    given_inputs = [
+        (n, v) for n, v in zip(graph.input_names, graph.inputs, strict=True) if n in given
+    ]
     # symbols come from --batch/--dim, then from the shapes of given inputs, else default to 1
     solved = infer_symbols(
         [graph[v].shape for _, v in given_inputs],
@@ -136,15 +158,29 @@ def _run(args: argparse.Namespace) -> int:
             inputs[i] = given[name]
     bindings = bind_inputs(graph, inputs)[1]
 
-    prepared = device.prepare(graph)
+    settings = None
+    if device.kind == "cuda":
+        from kn_cuda_eval.device import ExecutorSettings
+
+        settings = ExecutorSettings(cuda_graphs=not args.no_cuda_graphs, tf32=args.tf32)
+    prepared = device.prepare(graph, settings=settings)
     t0 = time.perf_counter()
     outputs = prepared.eval(inputs)
     t_first = time.perf_counter() - t0
     sym = ", ".join(f"{k}={v}" for k, v in sorted(bindings.items()))
-    print(f"device: {device}  inputs: " + ", ".join(f"{n} {DType.from_np(a.dtype)}{list(a.shape)}" for n, a in zip(graph.input_names, inputs, strict=True)) + (f"  ({sym})" if sym else ""))
+    print(
+        f"device: {device}  inputs: "
+        + ", ".join(
+            f"{n} {DType.from_np(a.dtype)}{list(a.shape)}"
+            for n, a in zip(graph.input_names, inputs, strict=True)
+        )
+        + (f"  ({sym})" if sym else "")
+    )
     for name, a in zip(graph.output_names, outputs, strict=True):
         checksum = float(np.sum(a.astype(np.float64))) if a.size else 0.0
-        print(f"output {name}: {DType.from_np(a.dtype)}{list(a.shape)}  sum={checksum:.6g}  mean_abs={float(np.mean(np.abs(a.astype(np.float64)))) if a.size else 0.0:.6g}")
+        print(
+            f"output {name}: {DType.from_np(a.dtype)}{list(a.shape)}  sum={checksum:.6g}  mean_abs={float(np.mean(np.abs(a.astype(np.float64)))) if a.size else 0.0:.6g}"
+        )
     times = [t_first]
     if args.bench:
         times = []
@@ -153,7 +189,36 @@ def _run(args: argparse.Namespace) -> int:
             prepared.eval(inputs)
             times.append(time.perf_counter() - t0)
     print(f"time per evaluation: {statistics.median(times) * 1e3:.2f} ms (median of {len(times)})")
+    if device.kind != "cpu" and not args.no_check:
+        ref = Device.cpu().prepare(graph).eval(inputs)
+        print(f"difference from the CPU executor: {_difference(outputs, ref)}")
+    if args.profile:
+        if device.kind == "cpu":
+            print(
+                "kn-run: --profile times device steps; the CPU executor has none", file=sys.stderr
+            )
+        else:
+            print(prepared.profile(inputs))
     return 0
+
+
+def _difference(got: list[np.ndarray], ref: list[np.ndarray]) -> str:
+    """The worst output's max |difference| / max |reference| (exact comparison for integers)."""
+    worst = 0.0
+    for a, b in zip(got, ref, strict=True):
+        if a.size == 0:
+            continue
+        if b.dtype.kind != "f":
+            if not np.array_equal(a, b):
+                return "integer outputs differ"
+            continue
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        if not np.array_equal(np.isnan(a64), np.isnan(b64)):
+            return "NaN positions differ"
+        fin = np.isfinite(b64)
+        scale = max(float(np.max(np.abs(b64[fin]), initial=0.0)), 1e-30)
+        worst = max(worst, float(np.max(np.abs(a64[fin] - b64[fin]), initial=0.0)) / scale)
+    return f"max |d| / max |ref| = {worst:.3g}"
 
 
 if __name__ == "__main__":

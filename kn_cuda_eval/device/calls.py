@@ -268,12 +268,13 @@ def _gemm_call(k: int, s: st.MatMul, tf32: bool) -> GemmCall:
     dt = s.dtype
     if dt not in _BLAS_TYPES or s.a.dtype is not dt or s.b.dtype is not dt:
         raise PlanError(f"step {k}: cuBLAS GEMM on {s.a.dtype}x{s.b.dtype}->{dt}")
+    scalar: np.dtype = np.dtype(np.float64 if dt is DType.F64 else np.float32)
     if dt is DType.F64:
-        compute, scalar = CUBLAS_COMPUTE_64F, np.dtype(np.float64)
+        compute = CUBLAS_COMPUTE_64F
     elif dt is DType.F32 and tf32:
-        compute, scalar = CUBLAS_COMPUTE_32F_FAST_TF32, np.dtype(np.float32)
+        compute = CUBLAS_COMPUTE_32F_FAST_TF32
     else:  # f32 exact; f16 stored, accumulated in f32
-        compute, scalar = CUBLAS_COMPUTE_32F, np.dtype(np.float32)
+        compute = CUBLAS_COMPUTE_32F
     for name, v in (("m", s.m), ("n", s.n), ("k", s.k), ("batch", s.batch)):
         if not 0 < v <= _INT32_MAX:
             raise PlanError(f"step {k} ({s.describe()}): {name}={v} does not fit cuBLAS's int")

@@ -427,6 +427,26 @@ class FakeCudnnLib:
         return 0
 
 
+def _kernel(block: np.ndarray, op: st.Step, args: tuple[Any, ...]) -> None:
+    """What a generated kernel does: the emulator's step, except that a gather index out of
+    range sets bit 0 of the status word (its pointer is the last argument) and stores 0."""
+    if not isinstance(op, st.Gather):
+        _step(block, op)
+        return
+    x = _nd(block, op.x)
+    idx = _nd(block, op.indices).astype(np.int64)
+    n = op.x.shape[op.axis]
+    bad = (idx < 0) | (idx >= n)
+    out = np.take(x, np.where(bad, 0, idx), axis=op.axis)
+    if bad.any():
+        sel = [slice(None)] * out.ndim
+        sel[op.axis] = bad  # type: ignore[call-overload]
+        out[tuple(sel)] = 0
+        status = args[-1].offset
+        block[status : status + 4].view(np.uint32)[0] |= 1
+    _nd(block, op.out)[...] = out
+
+
 def _nd(block: np.ndarray, v: StridedView) -> np.ndarray:
     from kn_cuda_eval.emulator import _nd as nd
 
@@ -607,7 +627,7 @@ class FakeApi:
                 c.launch.block,
             ) == (grid, block):
                 blk = self.mem.find(base, 1)[0]
-                stream.submit(lambda c=c, blk=blk: _step(blk, c.op))
+                stream.submit(lambda c=c, blk=blk: _kernel(blk, c.op, c.launch.args))
                 return
         raise FakeCudaError(f"launch of {name} with arguments no expected call has: {got}")
 

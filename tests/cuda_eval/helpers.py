@@ -5,9 +5,9 @@ present (with and without CUDA graphs). `KN_REQUIRE_CUDA=1` turns a missing GPU 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 import functools
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np

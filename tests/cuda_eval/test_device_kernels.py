@@ -1,5 +1,6 @@
 """On a GPU (`-m cuda`): every generated kernel of the tiny graphs and of the transformer fixtures
-runs on the device and matches the emulator. Skips, saying so, where there is no CUDA device."""
+runs on the device through the CUDA executor and matches the emulator. Skips, saying so, where
+there is no CUDA device."""
 
 from __future__ import annotations
 
@@ -7,31 +8,31 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import PlanSettings, emulate, plan
+from kn_cuda_eval.device.calls import pack_args
 from kn_cuda_eval.kernels import FloatArg, IntArg, PtrArg
 from kn_graph import BinaryOp, DType, Graph, ReduceOp, Shape, Size, UnaryOp
 from kn_graph.optimizer import optimize
 from tests.cuda_eval.corpus import FIXTURES, datasets, load
-from tests.cuda_eval.device_runner import marshal, run_on_device
-from tests.cuda_eval.helpers import assert_close
+from tests.cuda_eval.helpers import assert_close, need_gpu
 
 B = Size.sym("B")
 RNG = np.random.default_rng(9)
 
 
 def test_marshalling_of_launch_arguments() -> None:
-    got = marshal([PtrArg(256), IntArg(7, 32), IntArg(2**40, 64), FloatArg(0.5)], 1 << 33)
+    got = pack_args([PtrArg(256), IntArg(7, 32), IntArg(2**40, 64), FloatArg(0.5)], 1 << 33)
     assert [type(x) for x in got] == [np.uint64, np.int32, np.int64, np.float32]
     assert int(got[0]) == (1 << 33) + 256 and int(got[2]) == 2**40
 
 
-def _need_gpu() -> None:
-    try:
-        import cupy
+def run_on_device(p, xs, graphs: bool = False):  # type: ignore[no-untyped-def]
+    """Two evaluations (with graphs: a warm-up, then a captured replay); the last one's outputs."""
+    from kn_cuda_eval.device import ExecutorSettings
+    from kn_cuda_eval.device.executor import CudaExecutor
 
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no device")
-    except Exception as e:
-        pytest.skip(f"no CUDA device: {type(e).__name__}: {e}")
+    with CudaExecutor.from_plan(p, settings=ExecutorSettings(cuda_graphs=graphs)) as ex:
+        ex.eval(xs)
+        return ex.eval(xs)
 
 
 def _graphs() -> list[tuple[str, Graph, list[np.ndarray], dict]]:
@@ -99,14 +100,15 @@ GRAPHS = _graphs()
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("case", range(len(GRAPHS)), ids=[c[0] for c in GRAPHS])
 def test_kernels_on_device_match_the_emulator(case: int, fused: bool) -> None:
-    _need_gpu()
+    need_gpu()
     _, g, xs, binds = GRAPHS[case]
     for graph in (g, optimize(g)):
         p = plan(graph, bindings=binds, settings=PlanSettings(fused_attention=fused))
         want = emulate(p, xs)
-        got = run_on_device(p, xs)
-        for k, (a, b) in enumerate(zip(got, want, strict=True)):
-            assert_close(a, b, f"output {k} {graph.output_names[k]}")
+        for graphs in (False, True):
+            got = run_on_device(p, xs, graphs)
+            for k, (a, b) in enumerate(zip(got, want, strict=True)):
+                assert_close(a, b, f"output {k} {graph.output_names[k]} (graphs={graphs})")
 
 
 TRANSFORMERS = [
@@ -117,7 +119,7 @@ TRANSFORMERS = [
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", TRANSFORMERS)
 def test_transformer_fixtures_on_device(name: str) -> None:
-    _need_gpu()
+    need_gpu()
     g = optimize(load(name))
     for feed, binds in datasets(name):
         p = plan(g, bindings=binds)

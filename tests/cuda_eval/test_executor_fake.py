@@ -1,0 +1,191 @@
+"""The executor's own logic on the fake device (CPU): staging through pinned buffers, device
+arrays in and out, warm-up then CUDA-graph replay, capture failure, the status word, input
+checks, profiling, TF32 and the arena's initial contents. (Every planner test also runs its plans
+through the executor on the fake device: see helpers.check_device.)"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from kn_cuda_eval import emulate, plan
+from kn_cuda_eval.cudnn.lib import MathType
+from kn_cuda_eval.device import ExecutorSettings
+from kn_cuda_eval.device.calls import CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32
+from kn_cuda_eval.device.executor import CudaExecutor
+from kn_graph import DType, Graph, Shape, Size
+from kn_graph.errors import CudaUnavailableError, EvaluationError, InputMismatchError
+from tests.cuda_eval.fake_device import FakeApi
+from tests.cuda_eval.helpers import assert_close
+from tests.cuda_eval.test_executor_binding import _mixed_graph
+
+RNG = np.random.default_rng(11)
+
+
+def _executor(g: Graph, **settings: object) -> tuple[CudaExecutor, FakeApi]:
+    fake = FakeApi()
+    ex = CudaExecutor(g, api=fake, settings=ExecutorSettings(**settings))  # type: ignore[arg-type]
+    fake.expect(ex.launches)
+    return ex, fake
+
+
+def _x() -> np.ndarray:
+    return RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
+
+
+def _same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert_close(a, b, f"output {k}")
+
+
+def test_warm_up_then_one_graph_launch_per_evaluation() -> None:
+    ex, fake = _executor(_mixed_graph())
+    xs = [_x() for _ in range(3)]
+    for k, x in enumerate(xs):
+        _same(ex.eval([x]), emulate(ex.plan, [x]))
+        assert ex.uses_cuda_graph == (k >= 1)
+    assert fake.captures == 1 and fake.graph_launches == 2
+    n_kernels = sum(1 for c in ex.launches.calls if type(c).__name__ == "KernelCall")
+    assert fake.launches == 2 * n_kernels  # the warm-up run and the capture; replays launch none
+    assert fake.streams[0].waits == 0  # host inputs: nothing to wait for
+    assert "cuda graphs on" in repr(ex)
+
+
+def test_without_cuda_graphs_every_evaluation_launches_each_step() -> None:
+    ex, fake = _executor(_mixed_graph(), cuda_graphs=False)
+    for _ in range(3):
+        x = _x()
+        _same(ex.eval({"x": x}), emulate(ex.plan, [x]))
+    assert fake.captures == 0 and not ex.uses_cuda_graph and ex.graph_error is None
+
+
+def test_a_failed_capture_falls_back_to_step_by_step(caplog: pytest.LogCaptureFixture) -> None:
+    ex, fake = _executor(_mixed_graph())
+    fake.fail_capture = True
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            x = _x()
+            _same(ex.eval([x]), emulate(ex.plan, [x]))
+    assert not ex.uses_cuda_graph and "injected" in (ex.graph_error or "")
+    assert sum("capture failed" in r.message for r in caplog.records) == 1
+
+
+def test_device_arrays_in_and_out() -> None:
+    ex, fake = _executor(_mixed_graph())
+    x = _x()
+    want = emulate(ex.plan, [x])
+    for _ in range(2):
+        outs = ex.eval([fake.device_array(x)], return_device=True)
+        _same([o.get() for o in outs], want)
+    assert fake.streams[0].waits == 2  # the executor's stream waits for the caller's
+    assert {o.ptr for o in outs}.isdisjoint({o.ptr for o in ex.eval([x], return_device=True)})
+
+
+def test_out_of_range_gather_raises_then_recovers() -> None:
+    g = Graph()
+    x = g.input(Shape.of(5, 3), DType.F32, "x")
+    i = g.input(Shape.of(4), DType.I64, "i")
+    g.add_output(g.gather(x, 0, i), "y")
+    ex, _ = _executor(g)
+    xv = RNG.standard_normal((5, 3)).astype(np.float32)
+    good = np.array([0, 4, 2, 1])
+    _same(ex.eval([xv, good]), [xv[good]])
+    with pytest.raises(EvaluationError, match="gather index was out of range"):
+        ex.eval([xv, np.array([0, 5, 2, 1])])
+    for _ in range(2):  # the status word is cleared by every run, captured or not
+        _same(ex.eval([xv, good]), [xv[good]])
+
+
+def test_inputs_are_checked() -> None:
+    ex, fake = _executor(_mixed_graph())
+    x = _x()
+    with pytest.raises(
+        InputMismatchError, match=r"input 'x': expected float32\[2, 4, 9, 9\], found float64"
+    ):
+        ex.eval([x.astype(np.float64)])
+    with pytest.raises(InputMismatchError, match=r"found float32\[2, 4, 9, 8\]"):
+        ex.eval([x[..., :8]])
+    with pytest.raises(InputMismatchError, match="expected 1 inputs, found 2"):
+        ex.eval([x, x])
+    with pytest.raises(InputMismatchError, match=r"missing inputs \['x'\]"):
+        ex.eval({"y": x})
+    with pytest.raises(InputMismatchError, match="found float32"):
+        ex.eval([fake.device_array(x[:1])])
+    _same(ex.eval([np.asfortranarray(x)]), emulate(ex.plan, [x]))  # any host layout
+
+
+def test_profile_times_every_call() -> None:
+    ex, _ = _executor(_mixed_graph())
+    prof = ex.profile([_x()])
+    assert len(prof.rows) == len(ex.launches.calls) == 4
+    assert [r.kind for r in prof.rows] == ["conv", "matmul", "softmax", "output-copy"]
+    assert prof.rows[0].call.startswith("cudnnConvolutionBiasActivationForward algo=")
+    assert prof.rows[1].call.startswith("cublasGemmStridedBatchedEx TN")
+    assert abs(sum(t.percent for t in prof.by_kind()) - 100) < 1e-9
+    assert "by kind:" in str(prof) and "Fake GPU" in str(prof)
+    assert not ex.uses_cuda_graph  # profiling runs step by step and is no warm-up for capture
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_f32_stays_f32_unless_tf32_is_asked_for(tf32: bool) -> None:
+    ex, fake = _executor(_mixed_graph(), tf32=tf32)
+    ex.eval([_x()])
+    want_gemm = CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 else CUBLAS_COMPUTE_32F
+    assert [comp for _, comp in fake.blas.calls] == [want_gemm]
+    conv_math = fake.lib.lib.convs[0]["math"]
+    assert conv_math == int(MathType.TENSOR_OP if tf32 else MathType.FMA)
+
+
+def test_arena_is_poisoned_zeros_zeroed_constants_uploaded() -> None:
+    g = Graph()
+    x = g.input(Shape.of(1, 2, 5, 5), DType.F32, "x")
+    w = g.constant(RNG.standard_normal((3, 2, 3, 3)).astype(np.float32))
+    g.add_output(g.conv(x, w, (1, 1), (1, 1), (1, 1), 1), "y")  # no bias: the zeros region
+    ex, fake = _executor(g)
+    mem = fake.mem.blocks[0]
+    lay = ex.launches.layout
+    assert mem.size == ex.arena_bytes == lay.total(fake.lib.lib.WORKSPACE[ex._convs[0].algo])
+    ((off, data),) = ex.plan.constants
+    assert np.array_equal(mem[off : off + data.nbytes].view(np.float32), data.reshape(-1))
+    work = mem[ex.plan.workspace_offset : lay.plan_size]
+    assert (work == 0xFF).all()
+    assert (mem[lay.zeros : lay.zeros + lay.zeros_size] == 0).all() and lay.zeros_size
+    xv = RNG.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    _same(ex.eval([xv]), emulate(ex.plan, [xv]))
+
+
+def test_empty_and_constant_and_input_outputs() -> None:
+    g = Graph()
+    x = g.input(Shape.of(Size.sym("B"), 3), DType.F32, "x")
+    g.add_output(x, "same")
+    g.add_output(g.constant(np.arange(6, dtype=np.float32).reshape(2, 3)), "const")
+    g.add_output(g.slice(x, 1, 0, 0), "empty")
+    for b in (0, 2):
+        fake = FakeApi()
+        ex = CudaExecutor(g, batch_size=b, api=fake)
+        fake.expect(ex.launches)
+        xv = RNG.standard_normal((b, 3)).astype(np.float32)
+        got = ex.eval([xv])
+        assert [a.shape for a in got] == [(b, 3), (2, 3), (b, 0)]
+        _same(got, emulate(ex.plan, [xv]))
+
+
+def test_missing_device_and_closing() -> None:
+    with pytest.raises(CudaUnavailableError, match="CUDA device 3 is not usable"):
+        CudaExecutor(_mixed_graph(), device=3, api=FakeApi())
+    with _executor(_mixed_graph())[0] as ex:
+        ex.eval([_x()])
+    ex.close()  # idempotent
+    assert ex._convs == [] and ex._arena is None
+
+
+def test_plans_made_elsewhere_run_unchanged() -> None:
+    p = plan(_mixed_graph())
+    fake = FakeApi()
+    ex = CudaExecutor.from_plan(p, api=fake)
+    fake.expect(ex.launches)
+    assert ex.plan is p
+    x = _x()
+    _same(ex.eval([x]), emulate(p, [x]))
