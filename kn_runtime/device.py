@@ -179,7 +179,7 @@ class CudaPreparedGraph(PreparedGraph):
             if not (hasattr(a, "shape") and hasattr(a, "dtype")):
                 a = np.asarray(a)
             want = self.graph[v].dtype
-            if np.dtype(a.dtype) != want.np:
+            if _np_dtype(a.dtype) != want.np:
                 raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
             shapes.append(tuple(int(d) for d in a.shape))
         known = {BATCH: int(self.batch_size)} if self.batch_size is not None else None
@@ -201,3 +201,14 @@ class CudaPreparedGraph(PreparedGraph):
 
     def profile(self, inputs: Inputs) -> Any:
         return self.executor(self._bindings(inputs)).profile(inputs)
+
+
+def _np_dtype(dt: Any) -> np.dtype | None:
+    """A NumPy dtype for NumPy/CuPy dtypes and torch's (`torch.float32`); None if unknown."""
+    try:
+        return np.dtype(dt)
+    except TypeError:
+        try:
+            return np.dtype(str(dt).removeprefix("torch."))
+        except TypeError:
+            return None

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +33,8 @@ __all__ = [
     "DeviceArray",
     "default_api",
 ]
+
+log = logging.getLogger(__name__)
 
 H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyKind
 CUBLAS_DEFAULT_MATH = 0
@@ -92,7 +96,20 @@ class DeviceApi(Protocol):
         params: int,
     ) -> None: ...
     def blas_handle(self, index: int) -> int: ...
-    def blas_set_workspace(self, handle: int, ptr: int, nbytes: int) -> None: ...
+    def blas_set_workspace(self, handle: int, ptr: int, nbytes: int) -> None:
+        """cublasSetWorkspace (not in CuPy), called through ctypes on the very library CuPy
+        loaded (looked up by soname without loading another copy). Where it cannot be found,
+        cuBLAS keeps its own workspace (CUDA >= 12.2 allocates it stream-ordered, which graph
+        capture accepts) and the arena's region stays unused."""
+        if self._set_ws is None:
+            self._set_ws = _find_set_workspace() or False
+            if not self._set_ws:
+                log.info("cublasSetWorkspace_v2 not found; cuBLAS manages its own workspace")
+        if self._set_ws:
+            status = self._set_ws(handle, ptr, nbytes)
+            if status != 0:
+                raise RuntimeError(f"cublasSetWorkspace_v2 failed with status {status}")
+
     def cudnn(self) -> CudnnLib: ...
     def cudnn_handle(self, index: int) -> int: ...
     def wrap_device(self, x: object) -> DeviceArray | None: ...
@@ -268,6 +285,19 @@ class CupyApi:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> DeviceArray:
         arr = self.cp.empty(shape, dtype)
         return DeviceArray(int(arr.data.ptr), tuple(shape), np.dtype(dtype), arr)
+
+
+def _find_set_workspace() -> Any:
+    for soname in ("libcublas.so.13", "libcublas.so.12"):
+        try:
+            lib = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        fn = lib.cublasSetWorkspace_v2
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        return fn
+    return None
 
 
 @functools.cache

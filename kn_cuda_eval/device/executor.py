@@ -118,10 +118,10 @@ class CudaExecutor:
 
     def _build(self) -> None:
         api, lay, calls = self._api, self.launches.layout, self.launches.calls
+        self._stream = api.stream()  # first: a runtime call makes the device's context current
         self.arch = clamp_arch(api.compute_capability(self.device))
         self.device_name = api.device_name(self.device)
         functions = self._load_kernels()
-        self._stream = api.stream()
         conv_ws = 0
         if self.launches.has_conv:
             lib = api.cudnn()
