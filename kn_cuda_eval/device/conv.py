@@ -17,7 +17,7 @@ from kn_cuda_eval.cudnn.descriptors import (
     compute_type,
     data_type,
 )
-from kn_cuda_eval.cudnn.lib import AlgoPerf, ConvFwdAlgo, CudnnLib, MathType
+from kn_cuda_eval.cudnn.lib import AlgoPerf, ConvFwdAlgo, CudnnError, CudnnLib, MathType
 from kn_cuda_eval.device.calls import ConvCall
 from kn_graph.dtype import DType
 
@@ -26,6 +26,7 @@ __all__ = ["ConvBackend", "CudnnBackend", "PreparedConv"]
 log = logging.getLogger(__name__)
 
 _ALGO_COUNT = 8  # CUDNN_CONVOLUTION_FWD_ALGO_COUNT
+_FALLBACK = ConvFwdAlgo.IMPLICIT_PRECOMP_GEMM  # works with both activations
 _D = TypeVar("_D", TensorDescriptor, FilterDescriptor, ConvDescriptor, ActivationDescriptor)
 
 
@@ -36,7 +37,9 @@ class _Closable(Protocol):
 class PreparedConv(Protocol):
     workspace: int
     """Bytes of workspace this convolution needs."""
-    description: str
+
+    @property
+    def description(self) -> str: ...
 
     def run(self, base: int, workspace: int, stream: int) -> None: ...
     def close(self) -> None: ...
@@ -83,17 +86,22 @@ class _CudnnConv:
                 )
             )
             self.act = self._keep(ActivationDescriptor(lib, call.activation))
-            self.algo, self.workspace = self._choose(backend.workspace_limit)
+            self.algo, need = self._choose(backend.workspace_limit)
+            # room for the fallback too: run() retries with it if the fused call refuses the algo
+            self.workspace = max(need, self._workspace_of(_FALLBACK))
         except BaseException:
             self.close()
             raise
         scalar = ctypes.c_double if g.dtype is DType.F64 else ctypes.c_float
         self._alpha1 = scalar(1.0)
         self._alpha2 = scalar(call.alpha2)
-        self.description = (
+
+    @property
+    def description(self) -> str:
+        c = self.call
+        return (
             f"cudnnConvolutionBiasActivationForward algo={self.algo.name.lower()} "
-            f"{call.activation.name.lower()}{' +z' if call.alpha2 else ''} "
-            f"ws={self.workspace} B"
+            f"{c.activation.name.lower()}{' +z' if c.alpha2 else ''} ws={self.workspace} B"
         )
 
     def _keep(self, d: _D) -> _D:
@@ -144,13 +152,28 @@ class _CudnnConv:
             except ValueError:
                 continue
             return algo, int(p.memory)
-        fallback = ConvFwdAlgo.IMPLICIT_PRECOMP_GEMM
-        log.info("no heuristic algorithm fits step %d; using %s", self.call.step, fallback.name)
-        return fallback, self._workspace_of(fallback)
+        log.info("no heuristic algorithm fits step %d; using %s", self.call.step, _FALLBACK.name)
+        return _FALLBACK, self._workspace_of(_FALLBACK)
 
     def run(self, base: int, workspace: int, stream: int) -> None:
-        c = self.call
         self.lib.call("cudnnSetStream", self.handle, stream)
+        try:
+            self._forward(base, workspace)
+        except CudnnError as e:
+            if self.algo is _FALLBACK:
+                raise
+            log.warning(
+                "step %d: the fused convolution refused %s (%s); using %s from now on",
+                self.call.step,
+                self.algo.name,
+                e,
+                _FALLBACK.name,
+            )
+            self.algo = _FALLBACK
+            self._forward(base, workspace)
+
+    def _forward(self, base: int, workspace: int) -> None:
+        c = self.call
         self.lib.call(
             "cudnnConvolutionBiasActivationForward",
             self.handle,
@@ -162,7 +185,7 @@ class _CudnnConv:
             self.conv.ptr,
             int(self.algo),
             workspace if self.workspace else None,
-            self.workspace,
+            self.workspace,  # reserved in the arena: the chosen algorithm's need or more
             ctypes.addressof(self._alpha2),
             self.z.ptr,
             base + c.z,

@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,12 @@ class _Slot:
     offset: int
     host: int
     nbytes: int
+
+
+def _close_all(convs: list[PreparedConv]) -> None:
+    for pc in convs:
+        pc.close()
+    convs.clear()
 
 
 def _check_input(slot: _Slot, shape: tuple[int, ...], dtype: np.dtype) -> None:
@@ -110,6 +117,7 @@ class CudaExecutor:
         """Why CUDA graph capture failed (the executor then launches step by step), or None."""
         self.evaluations = 0
         self._convs: list[PreparedConv] = []
+        self._release = weakref.finalize(self, _close_all, self._convs)
         reason = self._api.problem(device)
         if reason is not None:
             raise CudaUnavailableError(f"CUDA device {device} is not usable: {reason}")
@@ -138,20 +146,20 @@ class CudaExecutor:
         self._upload()
         self._blas = api.blas_handle(self.device) if self.launches.has_gemm else 0
         self._steps: list[Callable[[], None]] = []
-        self.call_descriptions: list[str] = []
+        self._describe: list[Callable[[], str]] = []
         conv_iter = iter(self._convs)
         for c in calls:
             match c:
                 case KernelCall():
                     self._steps.append(self._kernel_thunk(c, functions[c.name]))
-                    self.call_descriptions.append(c.describe())
+                    self._describe.append(c.describe)
                 case GemmCall():
                     self._steps.append(self._gemm_thunk(c))
-                    self.call_descriptions.append(c.describe())
+                    self._describe.append(c.describe)
                 case ConvCall():
                     pc = next(conv_iter)
                     self._steps.append(self._conv_thunk(pc, lay.conv_workspace))
-                    self.call_descriptions.append(pc.description)
+                    self._describe.append(lambda pc=pc: pc.description)  # the algorithm may change
         self._slots()
         self._stream.synchronize()
 
@@ -334,9 +342,12 @@ class CudaExecutor:
     def _finish(self, return_device: bool) -> list[Any]:
         api, s, base, pin = self._api, self._stream, self._base, self._pin_out
         outs: list[Any] = []
-        for slot in self._out:
+        fresh = [api.empty(slot.shape, slot.dtype) for slot in self._out] if return_device else []
+        if fresh:
+            s.wait_event(api.current_stream_event())  # their memory is free on the caller's stream
+        for k, slot in enumerate(self._out):
             if return_device:
-                d = api.empty(slot.shape, slot.dtype)
+                d = fresh[k]
                 if slot.nbytes:
                     api.memcpy_async(d.ptr, base + slot.offset, slot.nbytes, D2D, s)
                 outs.append(d.owner)
@@ -407,10 +418,8 @@ class CudaExecutor:
             self._finish(False)
             del keep
             rows = tuple(
-                ProfileRow(c.step, c.kind, desc, api.elapsed_ms(events[k], events[k + 1]))
-                for k, (c, desc) in enumerate(
-                    zip(self.launches.calls, self.call_descriptions, strict=True)
-                )
+                ProfileRow(c.step, c.kind, desc(), api.elapsed_ms(events[k], events[k + 1]))
+                for k, (c, desc) in enumerate(zip(self.launches.calls, self._describe, strict=True))
             )
         return Profile(f"cuda:{self.device} ({self.device_name})", rows)
 
@@ -418,9 +427,7 @@ class CudaExecutor:
         """Free the device memory, the graph and the cuDNN descriptors now (else at collection)."""
         with self._lock:
             self._graph = None
-            for pc in self._convs:
-                pc.close()
-            self._convs = []
+            self._release()  # the cuDNN descriptors (once; also at garbage collection)
             self._steps = []
             self._arena = None
 

@@ -274,6 +274,7 @@ class FakeCudnnLib:
         self.objs: dict[int, dict[str, Any]] = {}
         self.next = 0x9000
         self.convs: list[dict[str, Any]] = []
+        self.refuse: set[int] = set()  # algorithms the fused call answers NOT_SUPPORTED
         for name in PROTOTYPES:
             impl = getattr(self, "_" + name, None)
             if impl is None:
@@ -382,6 +383,8 @@ class FakeCudnnLib:
             ConvFwdAlgo.IMPLICIT_PRECOMP_GEMM
         ):
             return 9  # NOT_SUPPORTED, as the real library
+        if algo in self.refuse:
+            return 9
         need = self.WORKSPACE.get(ConvFwdAlgo(algo), 0)
         if need and (ws is None or wss < need):
             return 3

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import emulate, plan
-from kn_cuda_eval.cudnn.lib import MathType
+from kn_cuda_eval.cudnn.lib import ConvFwdAlgo, MathType
 from kn_cuda_eval.device import ExecutorSettings
 from kn_cuda_eval.device.calls import CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32
 from kn_cuda_eval.device.executor import CudaExecutor
@@ -79,7 +79,9 @@ def test_device_arrays_in_and_out() -> None:
     for _ in range(2):
         outs = ex.eval([fake.device_array(x)], return_device=True)
         _same([o.get() for o in outs], want)
-    assert fake.streams[0].waits == 2  # the executor's stream waits for the caller's
+    # the executor's stream waits for the caller's twice per call: the inputs' writes, and the
+    # outputs' memory (fresh from the caller's pool)
+    assert fake.streams[0].waits == 4
     assert {o.ptr for o in outs}.isdisjoint({o.ptr for o in ex.eval([x], return_device=True)})
 
 
@@ -189,3 +191,16 @@ def test_plans_made_elsewhere_run_unchanged() -> None:
     assert ex.plan is p
     x = _x()
     _same(ex.eval([x]), emulate(p, [x]))
+
+
+def test_a_refused_conv_algorithm_falls_back(caplog: pytest.LogCaptureFixture) -> None:
+    ex, fake = _executor(_mixed_graph())  # its conv has a relu: the heuristics' choice is used
+    fake.lib.lib.refuse.add(int(ConvFwdAlgo.WINOGRAD_NONFUSED))
+    assert ex._convs[0].algo is ConvFwdAlgo.WINOGRAD_NONFUSED
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            x = _x()
+            _same(ex.eval([x]), emulate(ex.plan, [x]))
+    assert ex._convs[0].algo is ConvFwdAlgo.IMPLICIT_PRECOMP_GEMM and ex.uses_cuda_graph
+    assert sum("refused WINOGRAD_NONFUSED" in r.message for r in caplog.records) == 1
+    assert "algo=implicit_precomp_gemm" in ex.profile([_x()]).rows[0].call
