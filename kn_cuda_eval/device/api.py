@@ -96,20 +96,7 @@ class DeviceApi(Protocol):
         params: int,
     ) -> None: ...
     def blas_handle(self, index: int) -> int: ...
-    def blas_set_workspace(self, handle: int, ptr: int, nbytes: int) -> None:
-        """cublasSetWorkspace (not in CuPy), called through ctypes on the very library CuPy
-        loaded (looked up by soname without loading another copy). Where it cannot be found,
-        cuBLAS keeps its own workspace (CUDA >= 12.2 allocates it stream-ordered, which graph
-        capture accepts) and the arena's region stays unused."""
-        if self._set_ws is None:
-            self._set_ws = _find_set_workspace() or False
-            if not self._set_ws:
-                log.info("cublasSetWorkspace_v2 not found; cuBLAS manages its own workspace")
-        if self._set_ws:
-            status = self._set_ws(handle, ptr, nbytes)
-            if status != 0:
-                raise RuntimeError(f"cublasSetWorkspace_v2 failed with status {status}")
-
+    def blas_set_workspace(self, handle: int, ptr: int, nbytes: int) -> None: ...
     def cudnn(self) -> CudnnLib: ...
     def cudnn_handle(self, index: int) -> int: ...
     def wrap_device(self, x: object) -> DeviceArray | None: ...
@@ -233,18 +220,18 @@ class CupyApi:
         return h
 
     def blas_set_workspace(self, handle: int, ptr: int, nbytes: int) -> None:
-        """cublasSetWorkspace (not in CuPy): through ctypes on the library CuPy loaded."""
+        """cublasSetWorkspace (not in CuPy), called through ctypes on the very library CuPy
+        loaded (looked up by soname without loading another copy). Where it cannot be found,
+        cuBLAS keeps its own workspace (CUDA >= 12.2 allocates it stream-ordered, which graph
+        capture accepts) and the arena's region stays unused."""
         if self._set_ws is None:
-            import cuda.pathfinder as pf
-
-            lib = ctypes.CDLL(pf.load_nvidia_dynamic_lib("cublas").abs_path)
-            fn = lib.cublasSetWorkspace_v2
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-            self._set_ws = fn
-        status = self._set_ws(handle, ptr, nbytes)
-        if status != 0:
-            raise RuntimeError(f"cublasSetWorkspace_v2 failed with status {status}")
+            self._set_ws = _find_set_workspace() or False
+            if not self._set_ws:
+                log.info("cublasSetWorkspace_v2 not found; cuBLAS manages its own workspace")
+        if self._set_ws:
+            status = self._set_ws(handle, ptr, nbytes)
+            if status != 0:
+                raise RuntimeError(f"cublasSetWorkspace_v2 failed with status {status}")
 
     def cudnn(self) -> CudnnLib:
         from kn_cuda_eval.cudnn.lib import load_cudnn

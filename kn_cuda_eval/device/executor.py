@@ -55,6 +55,10 @@ class _Slot:
     nbytes: int
 
 
+def _describer(pc: PreparedConv) -> Callable[[], str]:
+    return lambda: pc.description
+
+
 def _close_all(convs: list[PreparedConv]) -> None:
     for pc in convs:
         pc.close()
@@ -159,7 +163,7 @@ class CudaExecutor:
                 case ConvCall():
                     pc = next(conv_iter)
                     self._steps.append(self._conv_thunk(pc, lay.conv_workspace))
-                    self._describe.append(lambda pc=pc: pc.description)  # the algorithm may change
+                    self._describe.append(_describer(pc))  # its algorithm may change
         self._slots()
         self._stream.synchronize()
 
