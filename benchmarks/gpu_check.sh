@@ -22,7 +22,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export KN_KERNEL_CACHE=${KN_KERNEL_CACHE:-/tmp/kn_kernels}
 TESTS_S=${TESTS_S:-130}
-BENCH_S=${BENCH_S:-215}
+BENCH_S=${BENCH_S:-240}
 exec > >(tee -a "$OUT/check.log") 2>&1
 START=$(date +%s)
 stage() { echo; echo "=== $1 ($(( $(date +%s) - START )) s) ==="; }
@@ -61,7 +61,7 @@ TEST_LINE=$(grep -E "(passed|failed|error)" "$OUT/pytest.log" | tail -n 1)
 
 stage "gpu_vs_peers (limit ${BENCH_S} s)"
 timeout -k 10 "$BENCH_S" "$PY" benchmarks/gpu_vs_peers.py --out "$OUT" --budget $((BENCH_S - 25)) \
-    --runs 20 --seconds 1.5 --profile --no-final-table
+    --runs 20 --seconds 1.0 --profile --no-final-table
 BENCH_RC=$?
 
 stage "summary"

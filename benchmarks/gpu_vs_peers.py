@@ -806,7 +806,7 @@ def main() -> int:
     if dry:
         bench.record(Row("sd15-unet", 2, skipped={"all": "--dry-run (full size only on the GPU)"}))
     else:
-        bench.model("sd15-unet", lambda: sd_unet(torch, True, 64, 77, [2]), 120)
+        bench.model("sd15-unet", lambda: sd_unet(torch, True, 64, 77, [2]), 90)
     text = table(bench.rows, dry)
     (bench.out / "bench_table.md").write_text(text + "\n")
     section = [
