@@ -6,6 +6,10 @@
 #
 #   bash benchmarks/gpu_check.sh                 # on the GPU machine, from the repository root
 #
+# From a session with the device tool: first `bash benchmarks/fetch_wheels.sh` here (network),
+# then run(command="bash benchmarks/gpu_check.sh", carry=["benchmarks/wheels"], timeout_s=480),
+# and append $OUT/results_section.md (with the test summary) to benchmarks/RESULTS.md.
+#
 # Runs with the machine's python3 and the repository on PYTHONPATH (nothing installed). A
 # diffusers wheel in benchmarks/wheels/ (benchmarks/fetch_wheels.sh) is used when diffusers is
 # missing there. Every stage has its own time limit and the script goes on after a failure.
@@ -23,9 +27,10 @@ export PYTHONUNBUFFERED=1
 export KN_KERNEL_CACHE=${KN_KERNEL_CACHE:-/tmp/kn_kernels}
 TESTS_S=${TESTS_S:-130}
 BENCH_S=${BENCH_S:-240}
-exec > >(tee -a "$OUT/check.log") 2>&1
 START=$(date +%s)
 stage() { echo; echo "=== $1 ($(( $(date +%s) - START )) s) ==="; }
+
+main() {
 
 stage "versions"
 date -u +"%Y-%m-%d %H:%M:%S UTC"
@@ -73,3 +78,6 @@ else
     echo "no benchmark rows were written"
 fi
 echo "total $(( $(date +%s) - START )) s"
+}
+
+main 2>&1 | tee -a "$OUT/check.log"
