@@ -391,32 +391,33 @@ def _extreme(dtype: np.dtype, high: bool) -> object:
 
 
 def _conv(x: np.ndarray, w: np.ndarray, d: ConvDetails) -> np.ndarray:
-    """im2col + one matmul per group (batched)."""
+    """Cross-correlation as one batched matmul per group over stacked shifted views (im2col)."""
     nd = d.rank
     if x.dtype == np.float16:
         return _conv(x.astype(np.float32), w.astype(np.float32), d).astype(np.float16)
-    n, c = x.shape[:2]
-    k_out = w.shape[0]
+    n, c, *sp = x.shape
+    k_out, cg, *ks = w.shape
     g = d.groups
-    ks = w.shape[2:]
     xp = x
     if any(d.padding):  # zero padding by hand: np.pad's generality costs more than the copy
-        xp = np.zeros(x.shape[:2] + tuple(n + 2 * p for n, p in zip(x.shape[2:], d.padding, strict=True)), x.dtype)
-        xp[(slice(None), slice(None), *(slice(p, p + n) for n, p in zip(x.shape[2:], d.padding, strict=True)))] = x
-    span = tuple(dl * (k - 1) + 1 for dl, k in zip(d.dilation, ks, strict=True))
-    win = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + nd)))
-    # win: [N, C, *out_full, *span] -> subsample by stride (out axes) and dilation (window axes)
-    sel = (slice(None), slice(None), *tuple(slice(None, None, s) for s in d.stride), *tuple(slice(None, None, dl) for dl in d.dilation))
-    win = win[sel]
-    out_sp = win.shape[2 : 2 + nd]
-    cg = c // g
-    # [N, G, Cg, *out, *k] -> [N, G, *out, Cg, *k] -> [N, G, P, Cg*K]
-    win = win.reshape((n, g, cg, *out_sp, *ks))
-    perm = (0, 1, *tuple(range(3, 3 + nd)), 2, *tuple(range(3 + nd, 3 + 2 * nd)))
-    cols = win.transpose(perm).reshape(n, g, math.prod(out_sp), cg * math.prod(ks))
-    wm = w.reshape(g, k_out // g, cg * math.prod(ks))
-    out = np.matmul(cols, wm.transpose(0, 2, 1)[None])  # [N, G, P, Kg]
-    out = out.transpose(0, 1, 3, 2).reshape((n, k_out, *out_sp))
-    return np.ascontiguousarray(out, dtype=x.dtype)
-
-
+        xp = np.zeros((n, c, *(m + 2 * p for m, p in zip(sp, d.padding, strict=True))), x.dtype)
+        xp[(slice(None), slice(None), *(slice(p, p + m) for m, p in zip(sp, d.padding, strict=True)))] = x
+    geo = list(zip(xp.shape[2:], ks, d.stride, d.dilation, strict=True))
+    out_sp = tuple((m - dl * (k - 1) - 1) // s + 1 for m, k, s, dl in geo)
+    # one strided view [N, C, *out] per kernel offset: basic slicing, no copy
+    views = [
+        xp[(slice(None), slice(None), *(slice(o * dl, o * dl + (q - 1) * s + 1, s) for o, q, (_, _, s, dl) in zip(offs, out_sp, geo, strict=True)))]
+        for offs in np.ndindex(*ks)
+    ]
+    if cg == 1 and k_out == g:  # depthwise: a weighted sum of the views
+        wk = w.reshape(c, -1)
+        acc = views[0] * wk[:, 0].reshape((c,) + (1,) * nd)
+        for i in range(1, len(views)):
+            acc += views[i] * wk[:, i].reshape((c,) + (1,) * nd)
+        return acc
+    p = math.prod(out_sp)
+    cols = views[0] if len(views) == 1 else np.stack(views, axis=2)  # [N, C, K, *out]
+    cols = cols.reshape(n, g, cg * len(views), p)  # (cg, k) order matches the filter layout
+    wm = w.reshape(g, k_out // g, cg * len(views))
+    out = np.matmul(wm[None], cols)  # [N, G, Kg, P]
+    return out.reshape((n, k_out, *out_sp))
