@@ -16,13 +16,19 @@ import sys
 
 
 def _parse() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("-k", dest="filter", default=None, help="only fixtures whose name contains this")
+    ap.add_argument(
+        "-k", dest="filter", default=None, help="only fixtures whose name contains this"
+    )
     ap.add_argument("--no-append", action="store_true", help="do not append to RESULTS.md")
-    ap.add_argument("--optimize", action="store_true", help="run our optimizer first (when available)")
+    ap.add_argument(
+        "--optimize", action="store_true", help="run our optimizer first (when available)"
+    )
     return ap.parse_args()
 
 
@@ -82,7 +88,10 @@ def main() -> int:
         t_ours = _median_time(partial(evaluate, graph, feed), ARGS.runs, ARGS.warmup)
         t_ort = _median_time(partial(sess.run, None, ort_feed), ARGS.runs, ARGS.warmup)
         rows.append((fx["name"], t_ours, t_ort, t_ours / t_ort))
-        print(f"{fx['name']:28s} ours {t_ours * 1e3:9.2f} ms   onnxruntime {t_ort * 1e3:9.2f} ms   ratio {t_ours / t_ort:6.2f}", flush=True)
+        print(
+            f"{fx['name']:28s} ours {t_ours * 1e3:9.2f} ms   onnxruntime {t_ort * 1e3:9.2f} ms   ratio {t_ours / t_ort:6.2f}",
+            flush=True,
+        )
     if not rows:
         print("no fixtures matched")
         return 1

@@ -125,7 +125,9 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
         for x in operands[i]:
             if last_use[x] == i and x not in keep:
                 env[x] = None
-    return [np.array(env[v.index]) for v in graph.outputs]  # writable copies, never views of constants
+    return [
+        np.array(env[v.index]) for v in graph.outputs
+    ]  # writable copies, never views of constants
 
 
 def _compute(
@@ -166,7 +168,9 @@ def _compute(
             n = a.shape[axis]
             bad = (idx < 0) | (idx >= n)
             if bad.any():
-                raise EvaluationError(f"gather: index {idx[bad][0]} out of range [0, {n}) on axis {axis}")
+                raise EvaluationError(
+                    f"gather: index {idx[bad][0]} out of range [0, {n}) on axis {axis}"
+                )
             return np.take(a, idx, axis=axis)
         case Concat(xs, axis):
             return np.concatenate([get(x) for x in xs], axis=axis)
@@ -181,7 +185,9 @@ def _compute(
         case Select(c, a, b):
             return np.where(get(c), get(a), get(b))
         case Iota(axis):
-            r = np.arange(shape[axis], dtype=dt).reshape([-1 if i == axis else 1 for i in range(len(shape))])
+            r = np.arange(shape[axis], dtype=dt).reshape(
+                [-1 if i == axis else 1 for i in range(len(shape))]
+            )
             return np.broadcast_to(r, shape)
         case Softmax(x, axis):
             return _softmax(get(x), axis)
@@ -190,7 +196,9 @@ def _compute(
         case Reduce(x, axes, op):
             return _reduce(op, get(x), axes, dt)
         case Attention(q, k, v, mask, scale, causal):
-            return _attention(get(q), get(k), get(v), None if mask is None else get(mask), scale, causal)
+            return _attention(
+                get(q), get(k), get(v), None if mask is None else get(mask), scale, causal
+            )
         case _:
             assert_never(info.op)  # type: ignore[arg-type]
 
@@ -241,10 +249,12 @@ _UNARY: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.SIGN: np.sign,
     UnaryOp.NOT: np.logical_not,
     UnaryOp.BIT_NOT: np.invert,
-    UnaryOp.GELU: lambda a: (a * 0.5 * (1.0 + scipy.special.erf(a * _SQRT1_2))).astype(a.dtype, copy=False),
-    UnaryOp.GELU_TANH: lambda a: (0.5 * a * (1.0 + np.tanh(_SQRT2_PI * (a + 0.044715 * a**3)))).astype(
+    UnaryOp.GELU: lambda a: (a * 0.5 * (1.0 + scipy.special.erf(a * _SQRT1_2))).astype(
         a.dtype, copy=False
     ),
+    UnaryOp.GELU_TANH: lambda a: (
+        0.5 * a * (1.0 + np.tanh(_SQRT2_PI * (a + 0.044715 * a**3)))
+    ).astype(a.dtype, copy=False),
     UnaryOp.SILU: lambda a: a * _sigmoid(a),
 }
 
@@ -401,12 +411,27 @@ def _conv(x: np.ndarray, w: np.ndarray, d: ConvDetails) -> np.ndarray:
     xp = x
     if any(d.padding):  # zero padding by hand: np.pad's generality costs more than the copy
         xp = np.zeros((n, c, *(m + 2 * p for m, p in zip(sp, d.padding, strict=True))), x.dtype)
-        xp[(slice(None), slice(None), *(slice(p, p + m) for m, p in zip(sp, d.padding, strict=True)))] = x
+        xp[
+            (
+                slice(None),
+                slice(None),
+                *(slice(p, p + m) for m, p in zip(sp, d.padding, strict=True)),
+            )
+        ] = x
     geo = list(zip(xp.shape[2:], ks, d.stride, d.dilation, strict=True))
     out_sp = tuple((m - dl * (k - 1) - 1) // s + 1 for m, k, s, dl in geo)
     # one strided view [N, C, *out] per kernel offset: basic slicing, no copy
     views = [
-        xp[(slice(None), slice(None), *(slice(o * dl, o * dl + (q - 1) * s + 1, s) for o, q, (_, _, s, dl) in zip(offs, out_sp, geo, strict=True)))]
+        xp[
+            (
+                slice(None),
+                slice(None),
+                *(
+                    slice(o * dl, o * dl + (q - 1) * s + 1, s)
+                    for o, q, (_, _, s, dl) in zip(offs, out_sp, geo, strict=True)
+                ),
+            )
+        ]
         for offs in np.ndindex(*ks)
     ]
     if cg == 1 and k_out == g:  # depthwise: a weighted sum of the views

@@ -61,7 +61,9 @@ class DType(enum.Enum):
         for k, v in _NP.items():
             if v == d:
                 return k
-        raise GraphError(f"unsupported element type {d}; supported: {', '.join(t.value for t in DType)}")
+        raise GraphError(
+            f"unsupported element type {d}; supported: {', '.join(t.value for t in DType)}"
+        )
 
     def __str__(self) -> str:
         return self.value

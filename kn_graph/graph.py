@@ -160,9 +160,7 @@ class Graph(NNBuilders):
     def is_hidden_with_uses(self, v: Value, n: int) -> bool:
         """Not an input, not an output, and used exactly `n` times: safe to fuse into its user."""
         return (
-            self.use_count(v) == n
-            and v not in self.outputs
-            and not isinstance(self[v].op, Input)
+            self.use_count(v) == n and v not in self.outputs and not isinstance(self[v].op, Input)
         )
 
     @property
@@ -239,7 +237,9 @@ class Graph(NNBuilders):
             raise GraphError(f"scalar {value!r} is not representable as {dtype}")
         return self.constant(arr)
 
-    def full(self, value: float | int | bool, shape: Shape | Sequence[SizeLike], dtype: DType) -> Value:
+    def full(
+        self, value: float | int | bool, shape: Shape | Sequence[SizeLike], dtype: DType
+    ) -> Value:
         """A broadcast scalar: costs one element of storage, whatever the shape."""
         shape = shape if isinstance(shape, Shape) else Shape.from_seq(shape)
         return self.broadcast(self.scalar(value, dtype), shape)
@@ -275,7 +275,9 @@ class Graph(NNBuilders):
         if info.shape == shape:
             return x
         if info.shape.size() != shape.size():
-            raise GraphError(f"view: cannot reshape {info.shape} to {shape} (element counts differ)")
+            raise GraphError(
+                f"view: cannot reshape {info.shape} to {shape} (element counts differ)"
+            )
         if isinstance(info.op, View):
             return self.view(info.op.x, shape)
         return self._push(shape, info.dtype, View(x))
@@ -336,13 +338,16 @@ class Graph(NNBuilders):
         if n is not None and all(
             s is None or isinstance(s, int) or Size.of(s).is_fixed for s in (start, end)
         ):
+
             def as_int(s: SizeLike | None) -> int | None:
                 return None if s is None else Size.of(s).factor
 
             r = range(*slice(as_int(start), as_int(end), step).indices(n))
             return self.slice_raw(x, axis, Size(r.start if len(r) else 0), step, len(r))
         if step < 0:
-            raise GraphError(f"slice: negative step on symbolic axis {axis} ({dim}) is not supported")
+            raise GraphError(
+                f"slice: negative step on symbolic axis {axis} ({dim}) is not supported"
+            )
         s = Size(0) if start is None else Size.of(start)
         e = dim if end is None else Size.of(end)
         if s.factor < 0 or e.factor < 0:
@@ -393,7 +398,9 @@ class Graph(NNBuilders):
         info, ii = self[x], self[indices]
         axis = _norm_axis(axis, info.rank)
         if ii.rank != 1 or not ii.dtype.is_int:
-            raise GraphError(f"gather: indices must be a rank-1 integer tensor, found {ii.dtype}{ii.shape}")
+            raise GraphError(
+                f"gather: indices must be a rank-1 integer tensor, found {ii.dtype}{ii.shape}"
+            )
         idx = self.const_value(indices)
         dim = info.shape[axis]
         if idx is not None and dim.is_fixed:
@@ -401,7 +408,9 @@ class Graph(NNBuilders):
             idx = idx.astype(np.int64) if idx.dtype.kind == "i" else idx
             bad = (idx < -n) | (idx >= n)
             if bad.any():
-                raise GraphError(f"gather: index {idx[bad][0]} out of range for axis {axis} of size {n}")
+                raise GraphError(
+                    f"gather: index {idx[bad][0]} out of range for axis {axis} of size {n}"
+                )
             if (idx < 0).any():  # the Gather op takes indices in [0, n)
                 idx = np.where(idx < 0, idx + n, idx)
                 indices = self.constant(idx)
@@ -455,7 +464,9 @@ class Graph(NNBuilders):
         xi, wi = self[x], self[w]
         nd = xi.rank - 2
         if nd < 1 or wi.rank != xi.rank:
-            raise GraphError(f"conv: expected x [N,C,*spatial] and w of equal rank, found {xi.shape} and {wi.shape}")
+            raise GraphError(
+                f"conv: expected x [N,C,*spatial] and w of equal rank, found {xi.shape} and {wi.shape}"
+            )
         if xi.dtype != wi.dtype or not xi.dtype.is_float:
             raise GraphError(f"conv: expected equal float dtypes, found {xi.dtype} and {wi.dtype}")
         stride = tuple(stride or (1,) * nd)
@@ -464,7 +475,9 @@ class Graph(NNBuilders):
         if not (len(stride) == len(padding) == len(dilation) == nd):
             raise GraphError(f"conv: stride/padding/dilation must have {nd} entries")
         if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or groups < 1:
-            raise GraphError(f"conv: invalid stride {stride}, padding {padding}, dilation {dilation} or groups {groups}")
+            raise GraphError(
+                f"conv: invalid stride {stride}, padding {padding}, dilation {dilation} or groups {groups}"
+            )
         k_out, c_per_group = wi.shape[0], wi.shape[1]
         if xi.shape[1] != c_per_group * groups or not Size(groups).divides(k_out):
             raise GraphError(
@@ -478,7 +491,9 @@ class Graph(NNBuilders):
             try:
                 o = (xi.shape[2 + i] + c) // stride[i]
             except GraphError as e:
-                raise GraphError(f"conv: output size of spatial axis {i} ({xi.shape[2 + i]}) is not expressible: {e}") from None
+                raise GraphError(
+                    f"conv: output size of spatial axis {i} ({xi.shape[2 + i]}) is not expressible: {e}"
+                ) from None
             if o.factor <= 0:
                 raise GraphError(f"conv: kernel {wi.shape} larger than padded input {xi.shape}")
             out.append(o)
@@ -550,7 +565,11 @@ class Graph(NNBuilders):
         ident = op.identity
         if ident is not None and ai.shape == shape and self.scalar_value(b) == ident:
             return a
-        if op in (BinaryOp.ADD, BinaryOp.MUL) and bi.shape == shape and self.scalar_value(a) == ident:
+        if (
+            op in (BinaryOp.ADD, BinaryOp.MUL)
+            and bi.shape == shape
+            and self.scalar_value(a) == ident
+        ):
             return b
         out_dt = DType.BOOL if op.is_comparison else dt
         a, b = self.broadcast(a, shape), self.broadcast(b, shape)
@@ -570,7 +589,9 @@ class Graph(NNBuilders):
         if a == b:
             return self.broadcast(a, shape)
         c = self.broadcast(cond, shape)
-        return self._push(shape, ai.dtype, Select(c, self.broadcast(a, shape), self.broadcast(b, shape)))
+        return self._push(
+            shape, ai.dtype, Select(c, self.broadcast(a, shape), self.broadcast(b, shape))
+        )
 
     def iota(self, shape: Shape | Sequence[SizeLike], axis: int, dtype: DType = DType.I64) -> Value:
         shape = shape if isinstance(shape, Shape) else Shape.from_seq(shape)
@@ -589,7 +610,9 @@ class Graph(NNBuilders):
         info = self[x]
         if not info.dtype.is_float:
             raise GraphError(f"layernorm: expected a float operand, found {info.dtype}")
-        return self._push(info.shape, info.dtype, Layernorm(x, _norm_axis(axis, info.rank), float(eps)))
+        return self._push(
+            info.shape, info.dtype, Layernorm(x, _norm_axis(axis, info.rank), float(eps))
+        )
 
     def attention(
         self,
@@ -605,13 +628,19 @@ class Graph(NNBuilders):
         qi, ki, vi = self[q], self[k], self[v]
         shapes = f"q {qi.shape}, k {ki.shape}, v {vi.shape}"
         if qi.rank != 3 or ki.rank != 3 or vi.rank != 3:
-            raise GraphError(f"attention: expected q [b,m,d], k [b,n,d], v [b,n,dv], found {shapes}")
+            raise GraphError(
+                f"attention: expected q [b,m,d], k [b,n,d], v [b,n,dv], found {shapes}"
+            )
         if not (qi.dtype == ki.dtype == vi.dtype) or not qi.dtype.is_float:
-            raise GraphError(f"attention: expected equal float dtypes, found {qi.dtype}, {ki.dtype}, {vi.dtype}")
+            raise GraphError(
+                f"attention: expected equal float dtypes, found {qi.dtype}, {ki.dtype}, {vi.dtype}"
+            )
         b, m, d = qi.shape
         n = ki.shape[1]
         if ki.shape[0] != b or vi.shape[0] != b or ki.shape[2] != d or vi.shape[1] != n:
-            raise GraphError(f"attention: expected q [b,m,d], k [b,n,d], v [b,n,dv], found {shapes}")
+            raise GraphError(
+                f"attention: expected q [b,m,d], k [b,n,d], v [b,n,dv], found {shapes}"
+            )
         if mask is not None:
             mi = self[mask]
             if mi.shape != Shape.of(b, m, n) or mi.dtype != qi.dtype:
@@ -619,9 +648,13 @@ class Graph(NNBuilders):
                     f"attention: mask must be {qi.dtype}{Shape.of(b, m, n)} for {shapes}, found {mi.dtype}{mi.shape}"
                 )
         if causal and m.is_fixed and n.is_fixed and n.factor < m.factor:
-            raise GraphError(f"attention: causal with fewer keys than queries ({shapes}) masks whole rows")
+            raise GraphError(
+                f"attention: causal with fewer keys than queries ({shapes}) masks whole rows"
+            )
         if scale is None:
-            scale = 1.0 / float(np.sqrt(d.as_int("attention: default scale needs a fixed head size")))
+            scale = 1.0 / float(
+                np.sqrt(d.as_int("attention: default scale needs a fixed head size"))
+            )
         op = Attention(q, k, v, mask, float(scale), bool(causal))
         return self._push(Shape.of(b, m, vi.shape[2]), qi.dtype, op)
 
@@ -642,7 +675,9 @@ class Graph(NNBuilders):
         else:
             out = self._push(kept, info.dtype, Reduce(x, axes_t, op))
         if keepdims:
-            out = self.view(out, Shape(tuple(Size(1) if i in axes_t else d for i, d in enumerate(info.shape))))
+            out = self.view(
+                out, Shape(tuple(Size(1) if i in axes_t else d for i, d in enumerate(info.shape)))
+            )
         return out
 
     # -- printing -------------------------------------------------------------------------------------
@@ -681,4 +716,3 @@ class Graph(NNBuilders):
 
     def __repr__(self) -> str:
         return f"<Graph {len(self)} values, {len(self.inputs)} inputs, {len(self.outputs)} outputs>"
-

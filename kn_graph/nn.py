@@ -91,7 +91,9 @@ class NNBuilders:
 
     def gelu(self: Graph, x: Value, approximate: Literal["none", "tanh"] = "none") -> Value:
         if approximate not in ("none", "tanh"):
-            raise GraphError(f"gelu: unknown approximation '{approximate}'; expected 'none' or 'tanh'")
+            raise GraphError(
+                f"gelu: unknown approximation '{approximate}'; expected 'none' or 'tanh'"
+            )
         return self.unary(UnaryOp.GELU_TANH if approximate == "tanh" else UnaryOp.GELU, x)
 
     def silu(self: Graph, x: Value) -> Value:
@@ -180,7 +182,9 @@ class NNBuilders:
                 if size == 0:
                     raise GraphError(f"pad ({mode}): cannot pad an empty axis {axis}")
                 if mode == "reflect" and (before >= size or after >= size):
-                    raise GraphError(f"pad (reflect): padding {before, after} must be < size {size}")
+                    raise GraphError(
+                        f"pad (reflect): padding {before, after} must be < size {size}"
+                    )
                 if mode == "edge":
                     idx_b = np.zeros(before, np.int64)
                     idx_a = np.full(after, size - 1, np.int64)
@@ -224,7 +228,9 @@ class NNBuilders:
             a_full = self.broadcast(a, batch + Shape.of(m, k))
             b_full = self.broadcast(b, batch + Shape.of(k, n))
             nb = batch.size()
-            out = self.matmul(self.view(a_full, Shape.of(nb, m, k)), self.view(b_full, Shape.of(nb, k, n)))
+            out = self.matmul(
+                self.view(a_full, Shape.of(nb, m, k)), self.view(b_full, Shape.of(nb, k, n))
+            )
             out = self.view(out, batch + Shape.of(m, n))
         shape = self[out].shape
         dims = list(shape.dims)
@@ -275,7 +281,9 @@ class NNBuilders:
                 raise GraphError(f"pool: invalid kernel/stride/dilation/pads on axis {i}")
             span = n + pb + pa - d * (k - 1) - 1
             if span < 0:
-                raise GraphError(f"pool: kernel {list(kernel)} larger than padded input {info.shape}")
+                raise GraphError(
+                    f"pool: kernel {list(kernel)} larger than padded input {info.shape}"
+                )
             o = (-(-span // s) if ceil_mode else span // s) + 1
             if ceil_mode and (o - 1) * s >= n + pb:
                 o -= 1
@@ -283,7 +291,8 @@ class NNBuilders:
             extra.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (n + pb + pa)))
         fill = _lowest(info.dtype) if kind == "max" else 0
         padded = self.pad(
-            x, [(0, 0)] * first + [(pb, pa + e) for (pb, pa), e in zip(pads, extra, strict=True)],
+            x,
+            [(0, 0)] * first + [(pb, pa + e) for (pb, pa), e in zip(pads, extra, strict=True)],
             value=fill,
         )
         acc: Value | None = None
@@ -301,16 +310,25 @@ class NNBuilders:
         # divide by the number of counted positions of each window, computed here once
         ones = np.zeros([p + n + a + e for (p, a), n, e in zip(pads, sizes, extra, strict=True)])
         lo = [0 if count_include_pad else p for p, _ in pads]
-        hi = [p + n + (a if count_include_pad else 0) for (p, a), n in zip(pads, sizes, strict=True)]
+        hi = [
+            p + n + (a if count_include_pad else 0) for (p, a), n in zip(pads, sizes, strict=True)
+        ]
         ones[tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))] = 1
         counts = np.zeros(outs)
         for offs in np.ndindex(*kernel):
-            counts += ones[tuple(slice(o * d, o * d + (m - 1) * s + 1, s) for o, d, s, m in zip(offs, dilation, stride, outs, strict=True))]
+            counts += ones[
+                tuple(
+                    slice(o * d, o * d + (m - 1) * s + 1, s)
+                    for o, d, s, m in zip(offs, dilation, stride, outs, strict=True)
+                )
+            ]
         if np.all(counts == counts.flat[0]):
             return self.mul(acc, float(1.0 / counts.flat[0]))
         return self.mul(acc, self.constant((1.0 / np.maximum(counts, 1)).astype(info.dtype.np)))
 
-    def global_pool(self: Graph, x: Value, kind: Literal["max", "avg"], first_axis: int = 2) -> Value:
+    def global_pool(
+        self: Graph, x: Value, kind: Literal["max", "avg"], first_axis: int = 2
+    ) -> Value:
         _check_pool_kind(kind)
         axes = list(range(first_axis, self[x].rank))
         return self.reduce(x, axes, ReduceOp.MAX if kind == "max" else ReduceOp.MEAN, keepdims=True)
@@ -324,7 +342,12 @@ class NNBuilders:
         return y
 
     def layer_norm(
-        self: Graph, x: Value, axis: int, eps: float, scale: Value | None = None, bias: Value | None = None
+        self: Graph,
+        x: Value,
+        axis: int,
+        eps: float,
+        scale: Value | None = None,
+        bias: Value | None = None,
     ) -> Value:
         """Normalise over axes axis..rank-1 (merged into one), then scale and bias."""
         shape = self[x].shape
@@ -337,7 +360,12 @@ class NNBuilders:
         return self._affine(y, scale, bias)
 
     def group_norm(
-        self: Graph, x: Value, groups: int, eps: float, scale: Value | None = None, bias: Value | None = None
+        self: Graph,
+        x: Value,
+        groups: int,
+        eps: float,
+        scale: Value | None = None,
+        bias: Value | None = None,
     ) -> Value:
         """x [N, C, *spatial]; statistics per (sample, group); scale/bias per channel [C]."""
         shape = self[x].shape

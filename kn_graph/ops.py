@@ -144,7 +144,15 @@ class UnaryOp(enum.Enum):
 
 
 _UNARY_ANY_TYPE = frozenset(
-    {UnaryOp.ABS, UnaryOp.NEG, UnaryOp.SIGN, UnaryOp.NOT, UnaryOp.BIT_NOT, UnaryOp.CAST, UnaryOp.BITCAST}
+    {
+        UnaryOp.ABS,
+        UnaryOp.NEG,
+        UnaryOp.SIGN,
+        UnaryOp.NOT,
+        UnaryOp.BIT_NOT,
+        UnaryOp.CAST,
+        UnaryOp.BITCAST,
+    }
 )
 
 
@@ -182,7 +190,13 @@ class BinaryOp(enum.Enum):
 
     @property
     def is_bitwise(self) -> bool:
-        return self in (BinaryOp.BIT_AND, BinaryOp.BIT_OR, BinaryOp.BIT_XOR, BinaryOp.SHL, BinaryOp.SHR)
+        return self in (
+            BinaryOp.BIT_AND,
+            BinaryOp.BIT_OR,
+            BinaryOp.BIT_XOR,
+            BinaryOp.SHL,
+            BinaryOp.SHR,
+        )
 
     @property
     def is_commutative(self) -> bool:
@@ -210,7 +224,13 @@ _COMMUTATIVE = frozenset(
         BinaryOp.BIT_XOR,
     }
 )
-_IDENTITY = {BinaryOp.ADD: 0.0, BinaryOp.SUB: 0.0, BinaryOp.MUL: 1.0, BinaryOp.DIV: 1.0, BinaryOp.POW: 1.0}
+_IDENTITY = {
+    BinaryOp.ADD: 0.0,
+    BinaryOp.SUB: 0.0,
+    BinaryOp.MUL: 1.0,
+    BinaryOp.DIV: 1.0,
+    BinaryOp.POW: 1.0,
+}
 
 
 class ReduceOp(enum.Enum):

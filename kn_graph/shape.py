@@ -49,7 +49,9 @@ class Size:
         if not isinstance(name, str) or not name:
             raise GraphError(f"a size symbol must be a non-empty str, found {name!r}")
         if isinstance(exp, bool) or not isinstance(exp, int) or exp < 1:
-            raise GraphError(f"the exponent of size symbol '{name}' must be a positive int, found {exp!r}")
+            raise GraphError(
+                f"the exponent of size symbol '{name}' must be a positive int, found {exp!r}"
+            )
         return Size(1, ((name, exp),))
 
     @staticmethod

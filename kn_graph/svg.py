@@ -189,7 +189,11 @@ def graph_to_dot(
         for x in consts[:2]:  # what --hide-const left out: the constant's value or its shape
             c = graph[Value(root[x.index], graph.id)]
             data = graph.const_value(Value(root[x.index], graph.id))
-            shown = f"{data.reshape(-1)[0].item()!r}" if data is not None and data.size == 1 else f"{c.dtype}{c.shape}"
+            shown = (
+                f"{data.reshape(-1)[0].item()!r}"
+                if data is not None and data.size == 1
+                else f"{c.dtype}{c.shape}"
+            )
             text.append(f"+ const {shown}")
         if len(consts) > 2:
             text.append(f"+ {len(consts) - 2} more const")
@@ -200,7 +204,9 @@ def graph_to_dot(
             text.append("→ " + ", ".join(outputs[v.index]))
             extra = ", peripheries=2, penwidth=1.5"
         color = FAMILY_COLORS[family(op)]
-        lines.append(f'  v{v.index} [label={_quote(chr(10).join(text))}, fillcolor="{color}"{extra}];')
+        lines.append(
+            f'  v{v.index} [label={_quote(chr(10).join(text))}, fillcolor="{color}"{extra}];'
+        )
         for x in op.inputs:
             if not hidden[x.index]:
                 lines.append(f"  v{x.index} -> v{v.index};")
@@ -227,10 +233,17 @@ def render_svg(dot_source: str, *, timeout: float = 300.0) -> str:
         raise GraphvizNotFoundError(_INSTALL_HINT)
     try:
         done = subprocess.run(
-            [exe, "-Tsvg"], input=dot_source, capture_output=True, text=True, timeout=timeout, check=False
+            [exe, "-Tsvg"],
+            input=dot_source,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
     except subprocess.TimeoutExpired:
-        raise KnError(f"dot did not finish in {timeout:g} s (graph too large? try --hide-const)") from None
+        raise KnError(
+            f"dot did not finish in {timeout:g} s (graph too large? try --hide-const)"
+        ) from None
     if done.returncode != 0:
         raise KnError(f"dot failed (exit {done.returncode}): {done.stderr.strip()}")
     return done.stdout
@@ -245,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--optimize", action="store_true", help="draw the optimized graph")
     ap.add_argument("--hide-const", action="store_true", help="leave out constants and their views")
     ap.add_argument("--show-names", action="store_true", help="show every value's debug name")
-    ap.add_argument("--batch", type=int, default=None, metavar="N", help=f"show shapes with {BATCH}=N")
+    ap.add_argument(
+        "--batch", type=int, default=None, metavar="N", help=f"show shapes with {BATCH}=N"
+    )
     args = ap.parse_args(argv)
     try:
         from kn_graph.onnx import load_onnx
@@ -256,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
 
             graph = optimize(graph)
         bindings = {BATCH: args.batch} if args.batch is not None else None
-        src = graph_to_dot(graph, hide_const=args.hide_const, show_names=args.show_names, bindings=bindings)
+        src = graph_to_dot(
+            graph, hide_const=args.hide_const, show_names=args.show_names, bindings=bindings
+        )
         out = Path(args.out)
         out.write_text(src if out.suffix == ".dot" else render_svg(src))
     except KnError as e:

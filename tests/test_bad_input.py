@@ -77,7 +77,9 @@ def test_empty_bytes() -> None:
 def test_unsupported_op_names_node_and_op() -> None:
     n = helper.make_node("NoSuchOp", ["x"], ["y"], name="weird")
     g = helper.make_graph(
-        [n], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [n],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
     )
     with pytest.raises(UnsupportedOnnxError) as e:
@@ -89,7 +91,9 @@ def test_unsupported_op_names_node_and_op() -> None:
 def test_unknown_attribute_is_refused() -> None:
     n = helper.make_node("Relu", ["x"], ["y"], name="r", flavour=3)
     g = helper.make_graph(
-        [n], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [n],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
     )
     with pytest.raises(UnsupportedOnnxError, match="attribute 'flavour'"):
@@ -99,7 +103,9 @@ def test_unknown_attribute_is_refused() -> None:
 def test_undefined_name() -> None:
     n = helper.make_node("Relu", ["ghost"], ["y"], name="r")
     g = helper.make_graph(
-        [n], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [n],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
     )
     with pytest.raises(OnnxImportError, match="uses 'ghost', which is not defined"):
@@ -108,8 +114,14 @@ def test_undefined_name() -> None:
 
 def test_missing_external_data(tmp_path) -> None:
     m = _mlp_model()
-    onnx.save_model(m, tmp_path / "m.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="weights.bin", size_threshold=0)
+    onnx.save_model(
+        m,
+        tmp_path / "m.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     g = load_onnx(tmp_path / "m.onnx")  # loads with the data file present
     assert len(g.inputs) == 1
     (tmp_path / "weights.bin").unlink()
@@ -132,9 +144,12 @@ def test_external_data_outside_model_folder_is_refused(tmp_path) -> None:
 def test_static_input_required_names_the_input() -> None:
     n = helper.make_node("Reshape", ["x", "s"], ["y"], name="rs")
     g = helper.make_graph(
-        [n], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
-         helper.make_tensor_value_info("s", TensorProto.INT64, [1])],
+        [n],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("s", TensorProto.INT64, [1]),
+        ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
     )
     m = helper.make_model(g)
@@ -174,7 +189,9 @@ def test_wrong_input_rank(mlp_prepared) -> None:
 def test_batch_size_contradicting_shapes() -> None:
     p = Device.cpu().prepare(load_onnx(_mlp_model()), batch_size=3)
     assert p.eval([np.zeros((3, 4), np.float32)])[0].shape == (3, 2, 4)
-    with pytest.raises(ShapeMismatchError, match=r"input 'x', axis 0: expected size B = 3.*found 2"):
+    with pytest.raises(
+        ShapeMismatchError, match=r"input 'x', axis 0: expected size B = 3.*found 2"
+    ):
         p.eval([np.zeros((2, 4), np.float32)])
 
 
@@ -188,7 +205,11 @@ _MODEL_BYTES = _mlp_model().SerializeToString()
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.lists(st.tuples(st.integers(0, len(_MODEL_BYTES) - 1), st.integers(0, 255)), min_size=1, max_size=8),
+    st.lists(
+        st.tuples(st.integers(0, len(_MODEL_BYTES) - 1), st.integers(0, 255)),
+        min_size=1,
+        max_size=8,
+    ),
     st.integers(0, len(_MODEL_BYTES)),
 )
 def test_fuzzed_model_bytes_raise_only_our_errors(edits: list[tuple[int, int]], cut: int) -> None:

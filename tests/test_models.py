@@ -28,8 +28,14 @@ def test_fixture_matches_onnxruntime(fx: dict) -> None:
     graph = load_onnx(MODELS / fx["file"])
     data = np.load(MODELS / fx["reference"])
     if fx["dynamic_dims"]:
-        symbolic = [n for n, v in zip(graph.input_names, graph.inputs, strict=True) if graph[v].shape.symbols]
-        assert symbolic, f"{fx['name']}: dynamic dims {fx['dynamic_dims']} were not loaded as symbols"
+        symbolic = [
+            n
+            for n, v in zip(graph.input_names, graph.inputs, strict=True)
+            if graph[v].shape.symbols
+        ]
+        assert symbolic, (
+            f"{fx['name']}: dynamic dims {fx['dynamic_dims']} were not loaded as symbols"
+        )
     assert len(fx["datasets"]) >= (2 if fx["dynamic_dims"] else 1)
     for k in range(len(fx["datasets"])):
         feed = {n: data[f"in{k}:{n}"] for n in graph.input_names}
@@ -39,4 +45,6 @@ def test_fixture_matches_onnxruntime(fx: dict) -> None:
             assert got.shape == ref.shape and got.dtype == ref.dtype, (name, got.shape, ref.shape)
             scale = float(np.max(np.abs(ref))) or 1.0
             err = float(np.max(np.abs(got.astype(np.float64) - ref))) / scale
-            assert err <= REL_TOL, f"{fx['name']} data set {k} output {name}: max rel diff {err:.3g}"
+            assert err <= REL_TOL, (
+                f"{fx['name']} data set {k} output {name}: max rel diff {err:.3g}"
+            )

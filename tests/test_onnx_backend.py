@@ -20,7 +20,11 @@ def outcomes() -> dict[str, Outcome]:
 
 def test_every_listed_test_still_passes(outcomes: dict[str, Outcome]) -> None:
     listed = PASSING.read_text().split()
-    regressed = [f"{n}: {outcomes[n].status} {outcomes[n].detail}" for n in listed if outcomes.get(n, Outcome(n, "missing")).status != "pass"]
+    regressed = [
+        f"{n}: {outcomes[n].status} {outcomes[n].detail}"
+        for n in listed
+        if outcomes.get(n, Outcome(n, "missing")).status != "pass"
+    ]
     assert not regressed, "\n".join(regressed)
 
 

@@ -38,12 +38,16 @@ needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `do
 def svg_value_nodes(svg: str) -> list[str]:
     """The titles (v<index>) of the value boxes in a Graphviz SVG (one <g class="node"> each)."""
     root = ET.fromstring(svg)
-    titles = [g.findtext(f"{SVG}title") or "" for g in root.iter(f"{SVG}g") if g.get("class") == "node"]
+    titles = [
+        g.findtext(f"{SVG}title") or "" for g in root.iter(f"{SVG}g") if g.get("class") == "node"
+    ]
     return [t for t in titles if re.fullmatch(r"v\d+", t)]
 
 
 def node_lines(dot: str) -> dict[int, str]:
-    return {int(m.group(1)): line for line in dot.splitlines() if (m := re.match(r"\s*v(\d+) \[", line))}
+    return {
+        int(m.group(1)): line for line in dot.splitlines() if (m := re.match(r"\s*v(\d+) \[", line))
+    }
 
 
 def edges(dot: str) -> list[tuple[int, int]]:
@@ -82,8 +86,14 @@ def test_labels_show_index_op_attributes_and_shape():
 
 @pytest.mark.parametrize(
     ("needle", "fam"),
-    [("input", "input"), ("const", "constant"), ("conv", "matmul / conv"), ("max", "elementwise"),
-     ("attention", "attention"), ("view", "view / shape")],
+    [
+        ("input", "input"),
+        ("const", "constant"),
+        ("conv", "matmul / conv"),
+        ("max", "elementwise"),
+        ("attention", "attention"),
+        ("view", "view / shape"),
+    ],
 )
 def test_colors_by_op_family(needle, fam):
     lines = node_lines(graph_to_dot(small_graph()))
@@ -92,7 +102,11 @@ def test_colors_by_op_family(needle, fam):
 
 
 def test_every_op_class_has_a_family():
-    classes = [c for c in vars(ops_module).values() if isinstance(c, type) and issubclass(c, Op) and c is not Op]
+    classes = [
+        c
+        for c in vars(ops_module).values()
+        if isinstance(c, type) and issubclass(c, Op) and c is not Op
+    ]
     assert len(classes) >= 17
     for c in classes:
         inst = object.__new__(c)  # family() only looks at the class
@@ -151,7 +165,9 @@ def test_kn_svg_renders_every_fixture(fixture, tmp_path, capsys):
 def test_kn_svg_options(tmp_path):
     out = tmp_path / "bert.svg"
     model = str(MODELS / "bert_ts.onnx")
-    assert main([model, str(out), "--optimize", "--hide-const", "--batch", "3", "--show-names"]) == 0
+    assert (
+        main([model, str(out), "--optimize", "--hide-const", "--batch", "3", "--show-names"]) == 0
+    )
     svg = out.read_text()
     assert "attention" in svg and "[3,seq" in svg and "[B," not in svg
     assert len(svg_value_nodes(svg)) > 20
@@ -187,8 +203,17 @@ def test_bad_model_is_a_clear_error(tmp_path, capsys):
 def test_console_entry_point_runs(tmp_path):
     out = tmp_path / "r.svg"
     done = subprocess.run(
-        [sys.executable, "-m", "kn_graph.svg", str(MODELS / "resnet18_ts.onnx"), str(out), "--hide-const"],
-        capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "kn_graph.svg",
+            str(MODELS / "resnet18_ts.onnx"),
+            str(out),
+            "--hide-const",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert "wrote" in done.stdout and out.read_text().lstrip().startswith("<?xml")

@@ -43,7 +43,11 @@ class Known:
         arr = np.asarray(data, dtype=object)
         flat = [_simplify(x) for x in arr.reshape(-1)]
         if all(not isinstance(x, Size) for x in flat):
-            num = np.array(flat, dtype=dtype.np).reshape(arr.shape) if flat else np.zeros(arr.shape, dtype.np)
+            num = (
+                np.array(flat, dtype=dtype.np).reshape(arr.shape)
+                if flat
+                else np.zeros(arr.shape, dtype.np)
+            )
             return Known(num, dtype)
         out = np.empty(len(flat), dtype=object)
         out[:] = flat
@@ -140,7 +144,11 @@ def onnx_dtype(elem_type: int, where: str) -> DType:
     """Our dtype for an ONNX element type; bf16 is not one (initializers convert it to f32)."""
     dt = _ONNX_TO_DTYPE.get(elem_type)
     if dt is None:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else str(elem_type)
+        name = (
+            onnx.TensorProto.DataType.Name(elem_type)
+            if elem_type in onnx.TensorProto.DataType.values()
+            else str(elem_type)
+        )
         raise UnsupportedOnnxError(where, "", f"element type {name} is not supported")
     return dt
 
@@ -220,7 +228,9 @@ class NodeContext:
         if folded is not None:  # computed from a graph input: that input must be given
             name = self.graph[folded].debug_name
             raise StaticInputRequiredError(self.name, self.op_type, name, what)
-        self.unsupported(f"{what} (input {i}, '{self.node.input[i]}') must be a constant, found a computed value")
+        self.unsupported(
+            f"{what} (input {i}, '{self.node.input[i]}') must be a constant, found a computed value"
+        )
 
     def input_sizes(self, i: int, what: str) -> list[Size]:
         """Input i as a list of (possibly symbolic) sizes, e.g. the target of a Reshape."""
@@ -275,7 +285,11 @@ class NodeContext:
                 self.unsupported(f"attribute '{name}' refers to a function attribute")
             if kind is not None and a.type != kind and a.type != onnx.AttributeProto.UNDEFINED:
                 want = onnx.AttributeProto.AttributeType.Name(kind)
-                found = onnx.AttributeProto.AttributeType.Name(a.type) if a.type in onnx.AttributeProto.AttributeType.values() else str(a.type)
+                found = (
+                    onnx.AttributeProto.AttributeType.Name(a.type)
+                    if a.type in onnx.AttributeProto.AttributeType.values()
+                    else str(a.type)
+                )
                 self.unsupported(f"attribute '{name}' must be of type {want}, found {found}")
         return a
 
@@ -341,7 +355,9 @@ class NodeContext:
         left = [n for n in self._attrs if n not in self._used_attrs]
         if left:
             a = self._attrs[left[0]]
-            self.unsupported(f"attribute '{left[0]}' ({onnx.helper.get_attribute_value(a)!r}) is not supported")
+            self.unsupported(
+                f"attribute '{left[0]}' ({onnx.helper.get_attribute_value(a)!r}) is not supported"
+            )
         unused = [i for i, n in enumerate(self.node.input) if n and i not in self._used_inputs]
         if unused:
             self.unsupported(f"input {unused[0]} ('{self.node.input[unused[0]]}') is not supported")

@@ -49,11 +49,15 @@ def load_onnx(
     cannot express.
     """
     model, folder = _read_model(source, base_dir)
-    loader = Loader(model, folder, set(batch_axes), dict(dims or {}), input_shapes or {}, input_values or {})
+    loader = Loader(
+        model, folder, set(batch_axes), dict(dims or {}), input_shapes or {}, input_values or {}
+    )
     return loader.run()
 
 
-def _read_model(source: Source, base_dir: str | os.PathLike[str] | None) -> tuple[onnx.ModelProto, Path | None]:
+def _read_model(
+    source: Source, base_dir: str | os.PathLike[str] | None
+) -> tuple[onnx.ModelProto, Path | None]:
     folder = Path(base_dir) if base_dir is not None else None
     if isinstance(source, onnx.ModelProto):
         return source, folder
@@ -72,7 +76,9 @@ def _read_model(source: Source, base_dir: str | os.PathLike[str] | None) -> tupl
     try:
         model.ParseFromString(data)
     except Exception as e:  # protobuf raises DecodeError, RuntimeWarning-ish errors, ValueError
-        raise OnnxImportError(f"{where} is not a valid ONNX model (protobuf decoding failed: {e})") from None
+        raise OnnxImportError(
+            f"{where} is not a valid ONNX model (protobuf decoding failed: {e})"
+        ) from None
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise OnnxImportError(f"{where} is not a valid ONNX model (it has no graph)")
     return model, folder
@@ -125,7 +131,9 @@ class Loader:
             self.add_input(inp)
         unknown = set(self.input_values) - {i.name for i in g.input}
         if unknown:
-            raise OnnxImportError(f"input_values names {sorted(unknown)}, which are not graph inputs")
+            raise OnnxImportError(
+                f"input_values names {sorted(unknown)}, which are not graph inputs"
+            )
         self.run_nodes(g.node)
         if not g.output:
             raise OnnxImportError("the model has no outputs")
@@ -183,7 +191,11 @@ class Loader:
                     f"{where}: external data holds {len(raw)} bytes, expected {count * dt.size} "
                     f"for {dt}{list(t.dims)}"
                 )
-            return np.frombuffer(raw, dtype=dt.np.newbyteorder("<")).astype(dt.np, copy=False).reshape(tuple(t.dims))
+            return (
+                np.frombuffer(raw, dtype=dt.np.newbyteorder("<"))
+                .astype(dt.np, copy=False)
+                .reshape(tuple(t.dims))
+            )
         try:
             arr = numpy_helper.to_array(t)
         except Exception as e:
@@ -204,7 +216,9 @@ class Loader:
         base = self.folder.resolve()
         path = (base / loc).resolve()
         if base != path and base not in path.parents:
-            raise OnnxImportError(f"{where}: external data path '{loc}' leaves the model folder {base}")
+            raise OnnxImportError(
+                f"{where}: external data path '{loc}' leaves the model folder {base}"
+            )
         try:
             offset = int(info.get("offset", 0))
             length = int(info["length"]) if "length" in info else -1
@@ -212,29 +226,39 @@ class Loader:
                 f.seek(offset)
                 data = f.read(length) if length >= 0 else f.read()
         except (OSError, ValueError) as e:
-            raise OnnxImportError(f"{where}: cannot read external data file '{path}': {e}") from None
+            raise OnnxImportError(
+                f"{where}: cannot read external data file '{path}': {e}"
+            ) from None
         if length >= 0 and len(data) != length:
-            raise OnnxImportError(f"{where}: external data file '{path}' is truncated ({len(data)} of {length} bytes)")
+            raise OnnxImportError(
+                f"{where}: external data file '{path}' is truncated ({len(data)} of {length} bytes)"
+            )
         return data
 
     def add_input(self, inp: onnx.ValueInfoProto) -> None:
         name = inp.name
         where = f"input '{name}'"
         if not inp.type.HasField("tensor_type"):
-            raise UnsupportedOnnxError(name, "<input>", f"{where}: only tensor inputs are supported")
+            raise UnsupportedOnnxError(
+                name, "<input>", f"{where}: only tensor inputs are supported"
+            )
         tt = inp.type.tensor_type
         dt = onnx_dtype(tt.elem_type, where)
         if name in self.input_values:
             arr = np.asarray(self.input_values[name])
             if arr.dtype != dt.np:
-                raise OnnxImportError(f"input_values['{name}']: expected dtype {dt}, found {arr.dtype}")
+                raise OnnxImportError(
+                    f"input_values['{name}']: expected dtype {dt}, found {arr.dtype}"
+                )
             self.env[name] = self.result_of_array(arr)
             return
         if name in self.input_shapes:
             shape = Shape.from_seq(self.input_shapes[name])
         else:
             if not tt.HasField("shape"):
-                raise OnnxImportError(f"{where} has no shape; pass input_shapes={{'{name}': [...]}}")
+                raise OnnxImportError(
+                    f"{where} has no shape; pass input_shapes={{'{name}': [...]}}"
+                )
             dims: list[Size] = []
             for axis, d in enumerate(tt.shape.dim):
                 if d.HasField("dim_value") and d.dim_value >= 0:
@@ -263,7 +287,11 @@ class Loader:
             return r
         where = f"node '{ctx.name}' ({ctx.op_type})" if ctx else "graph output"
         if name in self.bad_initializers:
-            raise UnsupportedOnnxError(ctx.name if ctx else name, ctx.op_type if ctx else "", f"initializer '{name}': {self.bad_initializers[name]}")
+            raise UnsupportedOnnxError(
+                ctx.name if ctx else name,
+                ctx.op_type if ctx else "",
+                f"initializer '{name}': {self.bad_initializers[name]}",
+            )
         raise OnnxImportError(f"{where} uses '{name}', which is not defined before it")
 
     def as_value(self, r: Result) -> Value:

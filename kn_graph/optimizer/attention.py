@@ -307,7 +307,9 @@ def _col_minus_row(g: Graph, cond: Value) -> tuple[bool, int] | None:
     if cur is None:
         return None
     op = g[cur].op
-    if not (isinstance(op, Binary) and op.op in (BinaryOp.LE, BinaryOp.LT, BinaryOp.GE, BinaryOp.GT)):
+    if not (
+        isinstance(op, Binary) and op.op in (BinaryOp.LE, BinaryOp.LT, BinaryOp.GE, BinaryOp.GT)
+    ):
         return None
     r = g[cur].rank
     sides = []
@@ -324,7 +326,12 @@ def _col_minus_row(g: Graph, cond: Value) -> tuple[bool, int] | None:
         return None
     rel: BinaryOp = op.op
     if wa == 0:  # row on the left: swap to put the column first
-        flip = {BinaryOp.LE: BinaryOp.GE, BinaryOp.LT: BinaryOp.GT, BinaryOp.GE: BinaryOp.LE, BinaryOp.GT: BinaryOp.LT}
+        flip = {
+            BinaryOp.LE: BinaryOp.GE,
+            BinaryOp.LT: BinaryOp.GT,
+            BinaryOp.GE: BinaryOp.LE,
+            BinaryOp.GT: BinaryOp.LT,
+        }
         rel, ca, cb = flip[rel], cb, ca
     # (col + ca) REL (row + cb)  ⇔  (col - row) REL (cb - ca)
     k = cb - ca
@@ -415,7 +422,11 @@ def detect_attention(rw: Rewriter, v: Value) -> Value | None:
             if mk.fill is not None:  # masked fill → additive: 0 where kept, the fill elsewhere
                 dt = new[q].dtype
                 zero, fill = new.scalar(0.0, dt), new.scalar(mk.fill, dt)
-                term = new.select(term, fill, zero) if mk.fill_on_true else new.select(term, zero, fill)
+                term = (
+                    new.select(term, fill, zero)
+                    if mk.fill_on_true
+                    else new.select(term, zero, fill)
+                )
             if mk.factor != 1.0:
                 term = new.mul(term, mk.factor)
             mask = term if mask is None else new.add(mask, term)

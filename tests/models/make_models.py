@@ -74,6 +74,7 @@ MAX_TOTAL_BYTES = 20 * 1024 * 1024
 # CNNs written out in plain torch (no torchvision)
 # --------------------------------------------------------------------------
 
+
 class BasicBlock(nn.Module):
     def __init__(self, cin, cout, stride):
         super().__init__()
@@ -84,7 +85,8 @@ class BasicBlock(nn.Module):
         self.downsample = None
         if stride != 1 or cin != cout:
             self.downsample = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x):
         idt = x if self.downsample is None else self.downsample(x)
@@ -130,7 +132,9 @@ class ConvBNReLU6(nn.Sequential):
     def __init__(self, cin, cout, k=3, stride=1, groups=1):
         super().__init__(
             nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
-            nn.BatchNorm2d(cout), nn.ReLU6(inplace=False))
+            nn.BatchNorm2d(cout),
+            nn.ReLU6(inplace=False),
+        )
 
 
 class InvertedResidual(nn.Module):
@@ -141,8 +145,11 @@ class InvertedResidual(nn.Module):
         layers = []
         if expand != 1:
             layers.append(ConvBNReLU6(cin, hidden, k=1))
-        layers += [ConvBNReLU6(hidden, hidden, stride=stride, groups=hidden),
-                   nn.Conv2d(hidden, cout, 1, 1, 0, bias=False), nn.BatchNorm2d(cout)]
+        layers += [
+            ConvBNReLU6(hidden, hidden, stride=stride, groups=hidden),
+            nn.Conv2d(hidden, cout, 1, 1, 0, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
         self.conv = nn.Sequential(*layers)
 
     def forward(self, x):
@@ -154,8 +161,15 @@ class MobileNetV2(nn.Module):
 
     def __init__(self, width_mult=0.35, num_classes=10, last_channel=1280):
         super().__init__()
-        setting = [[1, 16, 1, 1], [6, 24, 2, 2], [6, 32, 3, 2], [6, 64, 4, 2],
-                   [6, 96, 3, 1], [6, 160, 3, 2], [6, 320, 1, 1]]
+        setting = [
+            [1, 16, 1, 1],
+            [6, 24, 2, 2],
+            [6, 32, 3, 2],
+            [6, 64, 4, 2],
+            [6, 96, 3, 1],
+            [6, 160, 3, 2],
+            [6, 320, 1, 1],
+        ]
         cin = _make_divisible(32 * width_mult)
         self.last_channel = _make_divisible(last_channel * max(1.0, width_mult))
         feats = [ConvBNReLU6(3, cin, stride=2)]
@@ -220,6 +234,7 @@ def rerandomise_zero_params(model, seed, std=0.05):
 # Wrappers returning plain tuples of tensors
 # --------------------------------------------------------------------------
 
+
 class HFTextWrapper(nn.Module):
     def __init__(self, model, input_names, output_attrs):
         super().__init__()
@@ -238,8 +253,12 @@ class BertWrapper(nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask, token_type_ids):
-        o = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                       token_type_ids=token_type_ids, return_dict=True)
+        o = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            return_dict=True,
+        )
         return o.last_hidden_state, o.pooler_output
 
 
@@ -249,8 +268,9 @@ class CausalLMWrapper(nn.Module):
         self.model = model
 
     def forward(self, input_ids, attention_mask):
-        o = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                       use_cache=False, return_dict=True)
+        o = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True
+        )
         return (o.last_hidden_state,)
 
 
@@ -286,6 +306,7 @@ class VaeDecoderWrapper(nn.Module):
 # Input generation
 # --------------------------------------------------------------------------
 
+
 def token_ids(rng, b, s, vocab):
     return rng.integers(0, vocab, size=(b, s), dtype=np.int64)
 
@@ -295,13 +316,14 @@ def padding_mask(b, s, pad):
     m = np.ones((b, s), dtype=np.int64)
     for i, p in enumerate(pad[:b]):
         if p:
-            m[i, s - p:] = 0
+            m[i, s - p :] = 0
     return m
 
 
 # Each spec: builder() -> (module, input_names, output_names, make_inputs(kind, rng)
 # -> dict name->np.ndarray, dynamic: {input: {axis: dimname}})
 # kind is "export" (shapes used for tracing), 0 or 1 (data sets).
+
 
 def spec_resnet18():
     torch.manual_seed(1)
@@ -311,9 +333,16 @@ def spec_resnet18():
 
     def inputs(kind, rng):
         return {"input": rng.standard_normal((batches[kind], 3, 64, 64)).astype(np.float32)}
-    return dict(arch="ResNet-18 (BasicBlock x [2,2,2,2], base width 8, 10 classes), 3x64x64",
-                module=m, input_names=["input"], output_names=["logits"], inputs=inputs,
-                dynamic={"input": {0: "batch"}}, dynamic_out={"logits": {0: "batch"}})
+
+    return dict(
+        arch="ResNet-18 (BasicBlock x [2,2,2,2], base width 8, 10 classes), 3x64x64",
+        module=m,
+        input_names=["input"],
+        output_names=["logits"],
+        inputs=inputs,
+        dynamic={"input": {0: "batch"}},
+        dynamic_out={"logits": {0: "batch"}},
+    )
 
 
 def spec_mobilenetv2():
@@ -324,9 +353,16 @@ def spec_mobilenetv2():
 
     def inputs(kind, rng):
         return {"input": rng.standard_normal((batches[kind], 3, 64, 64)).astype(np.float32)}
-    return dict(arch="MobileNetV2 (width 0.35, last channel 1280, 10 classes), 3x64x64",
-                module=m, input_names=["input"], output_names=["logits"], inputs=inputs,
-                dynamic={"input": {0: "batch"}}, dynamic_out={"logits": {0: "batch"}})
+
+    return dict(
+        arch="MobileNetV2 (width 0.35, last channel 1280, 10 classes), 3x64x64",
+        module=m,
+        input_names=["input"],
+        output_names=["logits"],
+        inputs=inputs,
+        dynamic={"input": {0: "batch"}},
+        dynamic_out={"logits": {0: "batch"}},
+    )
 
 
 SEQ_SHAPES = {"export": (2, 9), 0: (1, 7), 1: (3, 12)}
@@ -335,75 +371,136 @@ PADS = {"export": [0, 3], 0: [0], 1: [0, 4, 9]}
 
 def spec_bert():
     from transformers import BertConfig, BertModel
+
     torch.manual_seed(3)
-    cfg = BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=128, max_position_embeddings=64, type_vocab_size=2,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = BertConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     cfg._attn_implementation = "eager"
     m = BertWrapper(BertModel(cfg).eval())
 
     def inputs(kind, rng):
         b, s = SEQ_SHAPES[kind]
         tt = np.zeros((b, s), dtype=np.int64)
-        tt[:, s // 2:] = 1
-        return {"input_ids": token_ids(rng, b, s, cfg.vocab_size),
-                "attention_mask": padding_mask(b, s, PADS[kind]),
-                "token_type_ids": tt}
+        tt[:, s // 2 :] = 1
+        return {
+            "input_ids": token_ids(rng, b, s, cfg.vocab_size),
+            "attention_mask": padding_mask(b, s, PADS[kind]),
+            "token_type_ids": tt,
+        }
+
     bs = {0: "batch", 1: "seq"}
-    return dict(arch="transformers BertModel (hidden 64, 2 layers, 4 heads, ffn 128, vocab 1000)",
-                module=m, input_names=["input_ids", "attention_mask", "token_type_ids"],
-                output_names=["last_hidden_state", "pooler_output"], inputs=inputs,
-                dynamic={"input_ids": bs, "attention_mask": bs, "token_type_ids": bs},
-                dynamic_out={"last_hidden_state": bs, "pooler_output": {0: "batch"}})
+    return dict(
+        arch="transformers BertModel (hidden 64, 2 layers, 4 heads, ffn 128, vocab 1000)",
+        module=m,
+        input_names=["input_ids", "attention_mask", "token_type_ids"],
+        output_names=["last_hidden_state", "pooler_output"],
+        inputs=inputs,
+        dynamic={"input_ids": bs, "attention_mask": bs, "token_type_ids": bs},
+        dynamic_out={"last_hidden_state": bs, "pooler_output": {0: "batch"}},
+    )
 
 
 def spec_gpt2():
     from transformers import GPT2Config, GPT2Model
+
     torch.manual_seed(4)
-    cfg = GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=4,
-                     n_inner=128, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    cfg = GPT2Config(
+        vocab_size=1000,
+        n_positions=64,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_inner=128,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
+    )
     cfg._attn_implementation = "eager"
     m = CausalLMWrapper(GPT2Model(cfg).eval())
 
     def inputs(kind, rng):
         b, s = SEQ_SHAPES[kind]
-        return {"input_ids": token_ids(rng, b, s, cfg.vocab_size),
-                "attention_mask": padding_mask(b, s, PADS[kind])}
+        return {
+            "input_ids": token_ids(rng, b, s, cfg.vocab_size),
+            "attention_mask": padding_mask(b, s, PADS[kind]),
+        }
+
     bs = {0: "batch", 1: "seq"}
-    return dict(arch="transformers GPT2Model (n_embd 64, 2 layers, 4 heads, n_inner 128, vocab 1000), no KV cache",
-                module=m, input_names=["input_ids", "attention_mask"],
-                output_names=["last_hidden_state"], inputs=inputs,
-                dynamic={"input_ids": bs, "attention_mask": bs},
-                dynamic_out={"last_hidden_state": bs})
+    return dict(
+        arch="transformers GPT2Model (n_embd 64, 2 layers, 4 heads, n_inner 128, vocab 1000), no KV cache",
+        module=m,
+        input_names=["input_ids", "attention_mask"],
+        output_names=["last_hidden_state"],
+        inputs=inputs,
+        dynamic={"input_ids": bs, "attention_mask": bs},
+        dynamic_out={"last_hidden_state": bs},
+    )
 
 
 def spec_llama():
     from transformers import LlamaConfig, LlamaModel
+
     torch.manual_seed(5)
-    cfg = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      rope_theta=10000.0, use_cache=False, attention_dropout=0.0)
+    cfg = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_theta=10000.0,
+        use_cache=False,
+        attention_dropout=0.0,
+    )
     cfg._attn_implementation = "eager"
     m = CausalLMWrapper(LlamaModel(cfg).eval())
 
     def inputs(kind, rng):
         b, s = SEQ_SHAPES[kind]
-        return {"input_ids": token_ids(rng, b, s, cfg.vocab_size),
-                "attention_mask": padding_mask(b, s, PADS[kind])}
+        return {
+            "input_ids": token_ids(rng, b, s, cfg.vocab_size),
+            "attention_mask": padding_mask(b, s, PADS[kind]),
+        }
+
     bs = {0: "batch", 1: "seq"}
-    return dict(arch="transformers LlamaModel (hidden 64, 2 layers, 4 heads, 2 KV heads (GQA), RoPE, SwiGLU, RMSNorm, vocab 1000), no KV cache",
-                module=m, input_names=["input_ids", "attention_mask"],
-                output_names=["last_hidden_state"], inputs=inputs,
-                dynamic={"input_ids": bs, "attention_mask": bs},
-                dynamic_out={"last_hidden_state": bs})
+    return dict(
+        arch="transformers LlamaModel (hidden 64, 2 layers, 4 heads, 2 KV heads (GQA), RoPE, SwiGLU, RMSNorm, vocab 1000), no KV cache",
+        module=m,
+        input_names=["input_ids", "attention_mask"],
+        output_names=["last_hidden_state"],
+        inputs=inputs,
+        dynamic={"input_ids": bs, "attention_mask": bs},
+        dynamic_out={"last_hidden_state": bs},
+    )
 
 
 def spec_clip_text():
     from transformers import CLIPTextConfig, CLIPTextModel
+
     torch.manual_seed(6)
-    cfg = CLIPTextConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=16, hidden_act="quick_gelu",
-                         bos_token_id=998, eos_token_id=999, pad_token_id=999)
+    cfg = CLIPTextConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+        hidden_act="quick_gelu",
+        bos_token_id=998,
+        eos_token_id=999,
+        pad_token_id=999,
+    )
     cfg._attn_implementation = "eager"
     m = ClipTextWrapper(CLIPTextModel(cfg).eval())
     batches = {"export": 2, 0: 1, 1: 3}
@@ -417,48 +514,78 @@ def spec_clip_text():
             e = int(rng.integers(3, S))
             ids[i, e:] = 999
         return {"input_ids": ids}
-    return dict(arch="transformers CLIPTextModel (hidden 64, 2 layers, 4 heads, ffn 128, quick_gelu, 16 positions, vocab 1000)",
-                module=m, input_names=["input_ids"],
-                output_names=["last_hidden_state", "pooler_output"], inputs=inputs,
-                dynamic={"input_ids": {0: "batch"}},
-                dynamic_out={"last_hidden_state": {0: "batch"}, "pooler_output": {0: "batch"}})
+
+    return dict(
+        arch="transformers CLIPTextModel (hidden 64, 2 layers, 4 heads, ffn 128, quick_gelu, 16 positions, vocab 1000)",
+        module=m,
+        input_names=["input_ids"],
+        output_names=["last_hidden_state", "pooler_output"],
+        inputs=inputs,
+        dynamic={"input_ids": {0: "batch"}},
+        dynamic_out={"last_hidden_state": {0: "batch"}, "pooler_output": {0: "batch"}},
+    )
 
 
 def spec_sd_unet():
     from diffusers import UNet2DConditionModel
+
     torch.manual_seed(7)
     unet = UNet2DConditionModel(
         # (32, 64) channels would cost 3.3 MB per export; note that diffusers reads
         # attention_head_dim as the number of heads here (8 heads of 2 and 4 channels)
-        sample_size=16, in_channels=4, out_channels=4, block_out_channels=(16, 32),
-        layers_per_block=1, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
-        attention_head_dim=8, norm_num_groups=8).eval()
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(16, 32),
+        layers_per_block=1,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=8,
+    ).eval()
     rerandomise_zero_params(unet, seed=17)
     m = UNetWrapper(unet)
     shapes = {"export": (2, 6), 0: (1, 8), 1: (3, 5)}
 
     def inputs(kind, rng):
         b, s = shapes[kind]
-        return {"sample": rng.standard_normal((b, 4, 16, 16)).astype(np.float32),
-                "timestep": rng.integers(0, 1000, size=(b,), dtype=np.int64),
-                "encoder_hidden_states": rng.standard_normal((b, s, 32)).astype(np.float32)}
-    return dict(arch="diffusers UNet2DConditionModel (block_out (16,32), layers_per_block 1, CrossAttnDownBlock2D/DownBlock2D, UNetMidBlock2DCrossAttn, UpBlock2D/CrossAttnUpBlock2D, cross_attention_dim 32, attention_head_dim 8 (= 8 heads), 8 groups), sample 4x16x16",
-                module=m, input_names=["sample", "timestep", "encoder_hidden_states"],
-                output_names=["out_sample"], inputs=inputs,
-                dynamic={"sample": {0: "batch"}, "timestep": {0: "batch"},
-                         "encoder_hidden_states": {0: "batch", 1: "seq"}},
-                dynamic_out={"out_sample": {0: "batch"}})
+        return {
+            "sample": rng.standard_normal((b, 4, 16, 16)).astype(np.float32),
+            "timestep": rng.integers(0, 1000, size=(b,), dtype=np.int64),
+            "encoder_hidden_states": rng.standard_normal((b, s, 32)).astype(np.float32),
+        }
+
+    return dict(
+        arch="diffusers UNet2DConditionModel (block_out (16,32), layers_per_block 1, CrossAttnDownBlock2D/DownBlock2D, UNetMidBlock2DCrossAttn, UpBlock2D/CrossAttnUpBlock2D, cross_attention_dim 32, attention_head_dim 8 (= 8 heads), 8 groups), sample 4x16x16",
+        module=m,
+        input_names=["sample", "timestep", "encoder_hidden_states"],
+        output_names=["out_sample"],
+        inputs=inputs,
+        dynamic={
+            "sample": {0: "batch"},
+            "timestep": {0: "batch"},
+            "encoder_hidden_states": {0: "batch", 1: "seq"},
+        },
+        dynamic_out={"out_sample": {0: "batch"}},
+    )
 
 
 def spec_sd_vae_decoder():
     from diffusers import AutoencoderKL
+
     torch.manual_seed(8)
-    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4,
-                        block_out_channels=(16, 32), layers_per_block=1, norm_num_groups=8,
-                        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-                        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-                        sample_size=32).eval()
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(16, 32),
+        layers_per_block=1,
+        norm_num_groups=8,
+        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        sample_size=32,
+    ).eval()
     vae.encoder = None  # decoder only, keeps the module small
     rerandomise_zero_params(vae, seed=18)
     m = VaeDecoderWrapper(vae)
@@ -466,32 +593,88 @@ def spec_sd_vae_decoder():
 
     def inputs(kind, rng):
         return {"latent": rng.standard_normal((batches[kind], 4, 16, 16)).astype(np.float32)}
-    return dict(arch="diffusers AutoencoderKL decoder (post_quant_conv + Decoder; block_out (16,32), layers_per_block 1, 8 groups, mid-block attention), latent 4x16x16 -> image 3x32x32",
-                module=m, input_names=["latent"], output_names=["sample"], inputs=inputs,
-                dynamic={"latent": {0: "batch"}}, dynamic_out={"sample": {0: "batch"}})
+
+    return dict(
+        arch="diffusers AutoencoderKL decoder (post_quant_conv + Decoder; block_out (16,32), layers_per_block 1, 8 groups, mid-block attention), latent 4x16x16 -> image 3x32x32",
+        module=m,
+        input_names=["latent"],
+        output_names=["sample"],
+        inputs=inputs,
+        dynamic={"latent": {0: "batch"}},
+        dynamic_out={"sample": {0: "batch"}},
+    )
 
 
 # (base name, spec builder, [(exporter, opset, fixture name[, options])])
 MODELS = [
-    ("resnet18", spec_resnet18, [("torchscript", TS_OPSET, "resnet18_ts"), ("dynamo", DYNAMO_OPSET, "resnet18_dynamo"),
-                                 # TrainingMode.PRESERVE on an eval-mode model skips the exporter's
-                                 # Conv+BatchNorm fusion, so this one keeps BatchNormalization nodes
-                                 ("torchscript", TS_OPSET, "resnet18_ts_bn", {"keep_batchnorm": True})]),
-    ("mobilenetv2", spec_mobilenetv2, [("torchscript", TS_OPSET, "mobilenetv2_ts"), ("dynamo", DYNAMO_OPSET, "mobilenetv2_dynamo")]),
-    ("bert", spec_bert, [("torchscript", TS_OPSET, "bert_ts"), ("torchscript", 14, "bert_ts_opset14"), ("dynamo", DYNAMO_OPSET, "bert_dynamo")]),
-    ("gpt2", spec_gpt2, [("torchscript", TS_OPSET, "gpt2_ts"), ("dynamo", DYNAMO_OPSET, "gpt2_dynamo")]),
-    ("llama", spec_llama, [("torchscript", TS_OPSET, "llama_ts"), ("dynamo", DYNAMO_OPSET, "llama_dynamo")]),
-    ("clip_text", spec_clip_text, [("torchscript", TS_OPSET, "clip_text_ts"), ("dynamo", DYNAMO_OPSET, "clip_text_dynamo")]),
+    (
+        "resnet18",
+        spec_resnet18,
+        [
+            ("torchscript", TS_OPSET, "resnet18_ts"),
+            ("dynamo", DYNAMO_OPSET, "resnet18_dynamo"),
+            # TrainingMode.PRESERVE on an eval-mode model skips the exporter's
+            # Conv+BatchNorm fusion, so this one keeps BatchNormalization nodes
+            ("torchscript", TS_OPSET, "resnet18_ts_bn", {"keep_batchnorm": True}),
+        ],
+    ),
+    (
+        "mobilenetv2",
+        spec_mobilenetv2,
+        [
+            ("torchscript", TS_OPSET, "mobilenetv2_ts"),
+            ("dynamo", DYNAMO_OPSET, "mobilenetv2_dynamo"),
+        ],
+    ),
+    (
+        "bert",
+        spec_bert,
+        [
+            ("torchscript", TS_OPSET, "bert_ts"),
+            ("torchscript", 14, "bert_ts_opset14"),
+            ("dynamo", DYNAMO_OPSET, "bert_dynamo"),
+        ],
+    ),
+    (
+        "gpt2",
+        spec_gpt2,
+        [("torchscript", TS_OPSET, "gpt2_ts"), ("dynamo", DYNAMO_OPSET, "gpt2_dynamo")],
+    ),
+    (
+        "llama",
+        spec_llama,
+        [("torchscript", TS_OPSET, "llama_ts"), ("dynamo", DYNAMO_OPSET, "llama_dynamo")],
+    ),
+    (
+        "clip_text",
+        spec_clip_text,
+        [("torchscript", TS_OPSET, "clip_text_ts"), ("dynamo", DYNAMO_OPSET, "clip_text_dynamo")],
+    ),
     # the dynamo exporter stores a stack trace etc. in every node's metadata_props (~40% of
     # the file for the UNet); it is dropped for these two to stay within the size budget
-    ("sd_unet", spec_sd_unet, [("torchscript", TS_OPSET, "sd_unet_tiny"), ("dynamo", DYNAMO_OPSET, "sd_unet_tiny_dynamo", {"strip_node_metadata": True})]),
-    ("sd_vae_decoder", spec_sd_vae_decoder, [("torchscript", TS_OPSET, "sd_vae_decoder_tiny"), ("dynamo", DYNAMO_OPSET, "sd_vae_decoder_tiny_dynamo", {"strip_node_metadata": True})]),
+    (
+        "sd_unet",
+        spec_sd_unet,
+        [
+            ("torchscript", TS_OPSET, "sd_unet_tiny"),
+            ("dynamo", DYNAMO_OPSET, "sd_unet_tiny_dynamo", {"strip_node_metadata": True}),
+        ],
+    ),
+    (
+        "sd_vae_decoder",
+        spec_sd_vae_decoder,
+        [
+            ("torchscript", TS_OPSET, "sd_vae_decoder_tiny"),
+            ("dynamo", DYNAMO_OPSET, "sd_vae_decoder_tiny_dynamo", {"strip_node_metadata": True}),
+        ],
+    ),
 ]
 
 
 # --------------------------------------------------------------------------
 # Export / check machinery
 # --------------------------------------------------------------------------
+
 
 def to_torch(arrs, names):
     return tuple(torch.from_numpy(np.ascontiguousarray(arrs[n])) for n in names)
@@ -503,28 +686,53 @@ def export(spec, exporter, opset, path, example, options):
     if exporter == "torchscript":
         dyn = dict(spec["dynamic"])
         dyn.update(spec["dynamic_out"])
-        training = (torch.onnx.TrainingMode.PRESERVE if options.get("keep_batchnorm")
-                    else torch.onnx.TrainingMode.EVAL)
-        torch.onnx.export(m, args, path, dynamo=False, opset_version=opset,
-                          input_names=spec["input_names"], output_names=spec["output_names"],
-                          dynamic_axes=dyn, do_constant_folding=True, training=training)
+        training = (
+            torch.onnx.TrainingMode.PRESERVE
+            if options.get("keep_batchnorm")
+            else torch.onnx.TrainingMode.EVAL
+        )
+        torch.onnx.export(
+            m,
+            args,
+            path,
+            dynamo=False,
+            opset_version=opset,
+            input_names=spec["input_names"],
+            output_names=spec["output_names"],
+            dynamic_axes=dyn,
+            do_constant_folding=True,
+            training=training,
+        )
     else:
         from torch.export import Dim
+
         dims = {}
 
         def dim(name):
             if name not in dims:
                 dims[name] = Dim(name, min=1, max=64)
             return dims[name]
-        dshapes = tuple({ax: dim(nm) for ax, nm in spec["dynamic"].get(n, {}).items()} or None
-                        for n in spec["input_names"])
-        prog = torch.onnx.export(m, args, dynamo=True, opset_version=opset,
-                                 input_names=spec["input_names"], output_names=spec["output_names"],
-                                 dynamic_shapes=dshapes, external_data=False, optimize=True,
-                                 verbose=False)
+
+        dshapes = tuple(
+            {ax: dim(nm) for ax, nm in spec["dynamic"].get(n, {}).items()} or None
+            for n in spec["input_names"]
+        )
+        prog = torch.onnx.export(
+            m,
+            args,
+            dynamo=True,
+            opset_version=opset,
+            input_names=spec["input_names"],
+            output_names=spec["output_names"],
+            dynamic_shapes=dshapes,
+            external_data=False,
+            optimize=True,
+            verbose=False,
+        )
         prog.save(path, external_data=False)
     if options.get("strip_node_metadata"):
         import onnx
+
         model = onnx.load(path)
         for n in walk_nodes(model.graph):
             del n.metadata_props[:]
@@ -595,7 +803,7 @@ def make_fixture(name, exporter, opset, spec, out_dir, rng_seed, options):
 
     npz = OrderedDict()
     datasets = []
-    for k in ([0, 1] if dynamic else [0]):
+    for k in [0, 1] if dynamic else [0]:
         feeds_all = spec["inputs"](k, rng)
         feeds = {n: feeds_all[n] for n in graph_inputs}
         dropped = sorted(set(feeds_all) - set(graph_inputs))
@@ -629,45 +837,67 @@ def make_fixture(name, exporter, opset, spec, out_dir, rng_seed, options):
             diff = float(np.max(np.abs(o.astype(np.float64) - e.astype(np.float64))))
             scale = max(float(np.max(np.abs(e))), 1.0)
             std = float(np.std(o.astype(np.float64)))
-            print(f"    [{name}] set {k} {n}: shape {list(o.shape)} std {std:.4g} "
-                  f"max|ort-eager| {diff:.3g} (rel {diff / scale:.3g})")
+            print(
+                f"    [{name}] set {k} {n}: shape {list(o.shape)} std {std:.4g} "
+                f"max|ort-eager| {diff:.3g} (rel {diff / scale:.3g})"
+            )
             if diff / scale > REL_TOL:
                 raise RuntimeError(f"{n}: ORT vs eager disagree, max abs diff {diff:.3g}")
             if not STD_RANGE[0] <= std <= STD_RANGE[1]:
                 raise RuntimeError(f"{n}: degenerate output std {std:.3g}")
             npz[f"out{k}:{n}"] = o
-            ds["outputs"][n] = {"dtype": str(o.dtype), "shape": list(o.shape), "std": std,
-                                "max_abs_diff_vs_torch": diff}
+            ds["outputs"][n] = {
+                "dtype": str(o.dtype),
+                "shape": list(o.shape),
+                "std": std,
+                "max_abs_diff_vs_torch": diff,
+            }
         datasets.append(ds)
     npz_path = os.path.join(out_dir, name + ".npz")
     np.savez(npz_path, **npz)
     nodes, ops = op_types(model)
     entry = OrderedDict(
-        name=name, file=name + ".onnx", reference=name + ".npz", source=spec["arch"],
-        exporter=exporter, export_options=options, opset=real_opset,
+        name=name,
+        file=name + ".onnx",
+        reference=name + ".npz",
+        source=spec["arch"],
+        exporter=exporter,
+        export_options=options,
+        opset=real_opset,
         opset_imports={(o.domain or "ai.onnx"): o.version for o in model.opset_import},
-        input_names=graph_inputs, output_names=graph_outputs,
-        input_dims=in_dims, output_dims=out_dims,
-        dynamic_dims={n: {str(ax): d for ax, d in enumerate(dl) if isinstance(d, str)}
-                      for n, dl in {**in_dims, **out_dims}.items()
-                      if any(isinstance(d, str) for d in dl)},
+        input_names=graph_inputs,
+        output_names=graph_outputs,
+        input_dims=in_dims,
+        output_dims=out_dims,
+        dynamic_dims={
+            n: {str(ax): d for ax, d in enumerate(dl) if isinstance(d, str)}
+            for n, dl in {**in_dims, **out_dims}.items()
+            if any(isinstance(d, str) for d in dl)
+        },
         bindings=[d["bindings"] for d in datasets],
         datasets=datasets,
         output_std={n: [d["outputs"][n]["std"] for d in datasets] for n in graph_outputs},
-        num_nodes=nodes, num_initializers=len(model.graph.initializer),
-        num_functions=len(model.functions), op_types=ops,
-        onnx_bytes=os.path.getsize(onnx_path), npz_bytes=os.path.getsize(npz_path),
+        num_nodes=nodes,
+        num_initializers=len(model.graph.initializer),
+        num_functions=len(model.functions),
+        op_types=ops,
+        onnx_bytes=os.path.getsize(onnx_path),
+        npz_bytes=os.path.getsize(npz_path),
     )
-    print(f"  {name}: {nodes} nodes, {len(ops)} op types, "
-          f"{entry['onnx_bytes'] / 1024:.0f} KB onnx + {entry['npz_bytes'] / 1024:.0f} KB npz, "
-          f"{time.time() - t0:.1f}s")
+    print(
+        f"  {name}: {nodes} nodes, {len(ops)} op types, "
+        f"{entry['onnx_bytes'] / 1024:.0f} KB onnx + {entry['npz_bytes'] / 1024:.0f} KB npz, "
+        f"{time.time() - t0:.1f}s"
+    )
     return entry
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=HERE, help="output directory (default: tests/models)")
-    ap.add_argument("--only", nargs="*", help="only these fixture names (manifest is rewritten with only them)")
+    ap.add_argument(
+        "--only", nargs="*", help="only these fixture names (manifest is rewritten with only them)"
+    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -675,11 +905,18 @@ def main():
     import onnxruntime
     import transformers
     import diffusers
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
-                "diffusers": diffusers.__version__, "onnx": onnx.__version__,
-                "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}
+
+    versions = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "diffusers": diffusers.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "numpy": np.__version__,
+    }
     try:
         import onnxscript
+
         versions["onnxscript"] = onnxscript.__version__
     except Exception:
         pass
@@ -715,25 +952,35 @@ def main():
                         os.remove(p)
 
     manifest = OrderedDict(
-        generator="tests/models/make_models.py", versions=versions,
+        generator="tests/models/make_models.py",
+        versions=versions,
         npz_layout="for data set k: in{k}:<input name>, out{k}:<output name>; outputs computed by onnxruntime",
-        fixtures=fixtures, skipped=skipped)
+        fixtures=fixtures,
+        skipped=skipped,
+    )
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
 
-    total = sum(os.path.getsize(os.path.join(args.out, p)) for p in os.listdir(args.out)
-                if os.path.isfile(os.path.join(args.out, p)))
+    total = sum(
+        os.path.getsize(os.path.join(args.out, p))
+        for p in os.listdir(args.out)
+        if os.path.isfile(os.path.join(args.out, p))
+    )
     print()
     print(f"{'fixture':28} {'exporter':11} {'opset':>5} {'nodes':>6} {'KB':>7}  op types")
     for e in fixtures:
         kb = (e["onnx_bytes"] + e["npz_bytes"]) / 1024
-        print(f"{e['name']:28} {e['exporter']:11} {e['opset']:>5} {e['num_nodes']:>6} {kb:>7.0f}  {' '.join(e['op_types'])}")
+        print(
+            f"{e['name']:28} {e['exporter']:11} {e['opset']:>5} {e['num_nodes']:>6} {kb:>7.0f}  {' '.join(e['op_types'])}"
+        )
     all_ops = sorted({o for e in fixtures for o in e["op_types"]})
     print(f"\nall op types ({len(all_ops)}): {' '.join(all_ops)}")
     for n, why in skipped.items():
         print(f"SKIPPED {n}: {why}")
-    print(f"total size of {args.out}: {total / 1024 / 1024:.2f} MB (limit {MAX_TOTAL_BYTES / 1024 / 1024:.0f} MB)")
+    print(
+        f"total size of {args.out}: {total / 1024 / 1024:.2f} MB (limit {MAX_TOTAL_BYTES / 1024 / 1024:.0f} MB)"
+    )
     if total > MAX_TOTAL_BYTES:
         print("ERROR: fixtures exceed the size limit")
         return 1

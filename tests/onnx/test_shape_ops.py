@@ -40,7 +40,9 @@ def make_model(
         for n, a in inputs.items()
     ]
     init = [numpy_helper.from_array(np.asarray(a), n) for n, a in (inits or {}).items()]
-    g = helper.make_graph(list(nodes), "g", ins, [onnx.ValueInfoProto(name=n) for n in outputs], initializer=init)
+    g = helper.make_graph(
+        list(nodes), "g", ins, [onnx.ValueInfoProto(name=n) for n in outputs], initializer=init
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     # onnxruntime wants typed outputs: take them from ONNX's own shape inference
     inferred = onnx.shape_inference.infer_shapes(model)
@@ -74,7 +76,12 @@ def check(
     for feed in [inputs, *more]:
         ours = evaluate(g, {n: feed[n] for n in g.input_names})
         for got, ref in zip(ours, reference(model, feed), strict=True):
-            assert got.dtype == ref.dtype and got.shape == ref.shape, (got.dtype, got.shape, ref.dtype, ref.shape)
+            assert got.dtype == ref.dtype and got.shape == ref.shape, (
+                got.dtype,
+                got.shape,
+                ref.dtype,
+                ref.shape,
+            )
             np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     return g
 
@@ -92,7 +99,9 @@ X234 = RNG.standard_normal((2, 3, 4)).astype(np.float32)
 
 
 # -- Shape / Size ------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("start", "end"), [(None, None), (1, None), (-1, None), (0, -1), (2, 1), (-9, 9)])
+@pytest.mark.parametrize(
+    ("start", "end"), [(None, None), (1, None), (-1, None), (0, -1), (2, 1), (-9, 9)]
+)
 def test_shape_start_end_clamp_like_python(start: int | None, end: int | None) -> None:
     attrs = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
     check([node("Shape", ["x"], ["y"], **attrs)], {"x": X234}, ["y"])
@@ -127,7 +136,9 @@ def test_reshape_with_zero_copy_and_minus_one(target: tuple[int, ...]) -> None:
 
 def test_reshape_allowzero_keeps_zero_sizes() -> None:
     x = np.zeros((0, 3), np.float32)
-    check([node("Reshape", ["x", "t"], ["y"], allowzero=1)], {"x": x}, ["y"], inits={"t": i64(3, 0)})
+    check(
+        [node("Reshape", ["x", "t"], ["y"], allowzero=1)], {"x": x}, ["y"], inits={"t": i64(3, 0)}
+    )
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
@@ -139,7 +150,10 @@ def test_flatten_axis(axis: int) -> None:
 def test_squeeze_and_unsqueeze_axes_attribute_then_input(opset: int) -> None:
     x = RNG.standard_normal((1, 3, 1, 2)).astype(np.float32)
     if opset < 13:
-        nodes = [node("Squeeze", ["x"], ["s"], axes=[0, -2]), node("Unsqueeze", ["s"], ["y"], axes=[-1, 0])]
+        nodes = [
+            node("Squeeze", ["x"], ["s"], axes=[0, -2]),
+            node("Unsqueeze", ["s"], ["y"], axes=[-1, 0]),
+        ]
         inits = None
     else:
         nodes = [node("Squeeze", ["x", "a"], ["s"]), node("Unsqueeze", ["s", "b"], ["y"])]
@@ -214,8 +228,13 @@ def test_split_symbolic_axis_into_equal_halves() -> None:
 
 
 def test_split_of_odd_symbolic_axis_is_refused() -> None:
-    m = make_model([node("Split", ["x"], ["a", "b"], axis=1)], {"x": X234}, ["a", "b"],
-                   dims={"x": [2, "seq", 4]}, opset=13)
+    m = make_model(
+        [node("Split", ["x"], ["a", "b"], axis=1)],
+        {"x": X234},
+        ["a", "b"],
+        dims={"x": [2, "seq", 4]},
+        opset=13,
+    )
     with pytest.raises(UnsupportedOnnxError, match="not divisible"):
         load_onnx(m)
 
@@ -230,8 +249,14 @@ def test_expand_broadcasts_both_ways(target: tuple[int, ...]) -> None:
 def test_expand_to_symbolic_shape_is_a_broadcast() -> None:
     nodes = [node("Shape", ["x"], ["s"]), node("Expand", ["c", "s"], ["y"])]
     x5 = RNG.standard_normal((5, 3, 4)).astype(np.float32)
-    g = check(nodes, {"x": X234}, ["y"], inits={"c": np.ones((1, 4), np.float32)},
-              dims={"x": ["batch", 3, 4]}, more=[{"x": x5}])
+    g = check(
+        nodes,
+        {"x": X234},
+        ["y"],
+        inits={"c": np.ones((1, 4), np.float32)},
+        dims={"x": ["batch", 3, 4]},
+        more=[{"x": x5}],
+    )
     assert isinstance(g[g.outputs[0]].op, Broadcast)
 
 
@@ -248,19 +273,26 @@ def test_constant_of_shape_default_int_and_symbolic() -> None:
         node("ConstantOfShape", ["s"], ["sevens"], value=value),
     ]
     x5 = RNG.standard_normal((5, 3, 4)).astype(np.float32)
-    g = check(nodes, {"x": X234}, ["zeros", "sevens"], dims={"x": ["batch", 3, 4]}, more=[{"x": x5}])
+    g = check(
+        nodes, {"x": X234}, ["zeros", "sevens"], dims={"x": ["batch", 3, 4]}, more=[{"x": x5}]
+    )
     assert g[g.outputs[0]].shape == Shape.of(Size.sym("B"), 3, 4)
 
 
 # -- Range ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("start", "limit", "delta"), [(0, 5, 1), (10, 2, -3), (1.5, 4.0, 0.7), (3, 3, 1), (-2.0, 1.0, 0.25)]
+    ("start", "limit", "delta"),
+    [(0, 5, 1), (10, 2, -3), (1.5, 4.0, 0.7), (3, 3, 1), (-2.0, 1.0, 0.25)],
 )
 def test_range_static(start: float, limit: float, delta: float) -> None:
     dt = np.float32 if isinstance(start, float) else np.int64
     inits = {"a": np.array(start, dt), "b": np.array(limit, dt), "c": np.array(delta, dt)}
-    check([node("Range", ["a", "b", "c"], ["y"]), node("Identity", ["x"], ["z"])], {"x": X234},
-          ["y", "z"], inits=inits)
+    check(
+        [node("Range", ["a", "b", "c"], ["y"]), node("Identity", ["x"], ["z"])],
+        {"x": X234},
+        ["y", "z"],
+        inits=inits,
+    )
 
 
 def test_range_of_symbolic_length_is_iota() -> None:
@@ -273,11 +305,17 @@ def test_range_of_symbolic_length_is_iota() -> None:
         node("Mul", ["n", "two"], ["n2"]),
     ]
     nodes = [*nodes[:3], nodes[4], nodes[3]]
-    inits = {"zero": np.array(0, np.int64), "one": np.array(1, np.int64), "two": np.array(2, np.int64),
-             "zero1": i64(0)}
+    inits = {
+        "zero": np.array(0, np.int64),
+        "one": np.array(1, np.int64),
+        "two": np.array(2, np.int64),
+        "zero1": i64(0),
+    }
     x = RNG.standard_normal((2, 5)).astype(np.float32)
     x7 = RNG.standard_normal((2, 7)).astype(np.float32)
-    g = check(nodes, {"x": x}, ["pos", "even"], inits=inits, dims={"x": [2, "seq"]}, more=[{"x": x7}])
+    g = check(
+        nodes, {"x": x}, ["pos", "even"], inits=inits, dims={"x": [2, "seq"]}, more=[{"x": x7}]
+    )
     assert g[g.outputs[0]].shape == Shape.of(Size.sym("seq"))
 
 
@@ -293,7 +331,11 @@ def test_range_of_symbolic_length_is_iota() -> None:
     ],
 )
 def test_constant_attribute_forms(attrs: dict[str, object]) -> None:
-    check([node("Constant", [], ["c"], **attrs), node("Identity", ["x"], ["y"])], {"x": X234}, ["c", "y"])
+    check(
+        [node("Constant", [], ["c"], **attrs), node("Identity", ["x"], ["y"])],
+        {"x": X234},
+        ["c", "y"],
+    )
 
 
 def test_constant_int_value_is_known_at_load_time() -> None:
@@ -304,7 +346,9 @@ def test_constant_int_value_is_known_at_load_time() -> None:
 
 def test_sparse_constant_is_refused() -> None:
     sparse = helper.make_sparse_tensor(
-        numpy_helper.from_array(np.array([1.0], np.float32), "v"), numpy_helper.from_array(i64(1), "i"), [3]
+        numpy_helper.from_array(np.array([1.0], np.float32), "v"),
+        numpy_helper.from_array(i64(1), "i"),
+        [3],
     )
     m = make_model([node("Constant", [], ["c"], sparse_value=sparse)], {}, ["c"])
     with pytest.raises(UnsupportedOnnxError, match="sparse"):
@@ -313,13 +357,25 @@ def test_sparse_constant_is_refused() -> None:
 
 def test_dropout_at_inference_is_identity_with_all_true_mask() -> None:
     inits = {"r": np.array(0.3, np.float32), "t": np.array(False)}
-    check([node("Dropout", ["x", "r", "t"], ["y", "m"])], {"x": X234}, ["y", "m"], inits=inits, opset=13)
+    check(
+        [node("Dropout", ["x", "r", "t"], ["y", "m"])],
+        {"x": X234},
+        ["y", "m"],
+        inits=inits,
+        opset=13,
+    )
     check([node("Dropout", ["x"], ["y"], ratio=0.2)], {"x": X234}, ["y"], opset=11)
 
 
 def test_dropout_training_with_zero_ratio_is_identity() -> None:
     inits = {"r": np.array(0.0, np.float32), "t": np.array(True)}
-    check([node("Dropout", ["x", "r", "t"], ["y", "m"])], {"x": X234}, ["y", "m"], inits=inits, opset=13)
+    check(
+        [node("Dropout", ["x", "r", "t"], ["y", "m"])],
+        {"x": X234},
+        ["y", "m"],
+        inits=inits,
+        opset=13,
+    )
 
 
 def test_dropout_training_with_nonzero_ratio_is_refused() -> None:
@@ -332,9 +388,13 @@ def test_dropout_training_with_nonzero_ratio_is_refused() -> None:
 def test_known_results_stay_known() -> None:
     """Integer ops on initializers fold at load time (no graph values are created)."""
     nodes = [node("Transpose", ["k"], ["t"]), node("Reshape", ["t", "s"], ["y"])]
-    m = make_model(nodes, {}, ["y"], inits={"k": np.arange(6, dtype=np.int64).reshape(2, 3), "s": i64(-1)})
+    m = make_model(
+        nodes, {}, ["y"], inits={"k": np.arange(6, dtype=np.int64).reshape(2, 3), "s": i64(-1)}
+    )
     g = load_onnx(m)
-    np.testing.assert_array_equal(g.const_value(g.outputs[0]), np.arange(6).reshape(2, 3).T.reshape(-1))
+    np.testing.assert_array_equal(
+        g.const_value(g.outputs[0]), np.arange(6).reshape(2, 3).T.reshape(-1)
+    )
     assert len(g) == 1
 
 
@@ -347,14 +407,23 @@ def test_split_with_symbolic_sizes_from_shapes() -> None:
         node("Split", ["x", "sizes"], ["a", "b"], axis=1),
     ]
     x = RNG.standard_normal((2, 5)).astype(np.float32)
-    g = check(nodes, {"x": x}, ["a", "b"], inits={"zero": i64(0)}, dims={"x": [2, "seq"]}, more=[{"x": x7}])
+    g = check(
+        nodes,
+        {"x": x},
+        ["a", "b"],
+        inits={"zero": i64(0)},
+        dims={"x": [2, "seq"]},
+        more=[{"x": x7}],
+    )
     assert g[g.outputs[1]].shape == Shape.of(2, 0)
 
 
 def test_squeeze_with_empty_axes_is_refused() -> None:
     """onnxruntime squeezes every size-1 axis for axes=[], the ONNX reference none: refuse."""
     x = np.zeros((1, 3), np.float32)
-    m = make_model([node("Squeeze", ["x", "a"], ["y"])], {"x": x}, ["y"], inits={"a": np.zeros(0, np.int64)})
+    m = make_model(
+        [node("Squeeze", ["x", "a"], ["y"])], {"x": x}, ["y"], inits={"a": np.zeros(0, np.int64)}
+    )
     with pytest.raises(UnsupportedOnnxError, match="empty axes"):
         load_onnx(m)
 

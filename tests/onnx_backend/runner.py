@@ -106,18 +106,30 @@ def run_case(case) -> Outcome:
         return Outcome(case.name, "unsupported", f"{type(e).__name__}: {e}")
     except Exception as e:  # a bug of ours: keep the place it happened
         tb = traceback.extract_tb(e.__traceback__)[-1]
-        return Outcome(case.name, "internal", f"{type(e).__name__}: {e} at {Path(tb.filename).name}:{tb.lineno}")
+        return Outcome(
+            case.name,
+            "internal",
+            f"{type(e).__name__}: {e} at {Path(tb.filename).name}:{tb.lineno}",
+        )
     if len(outs) != len(expected):
         return Outcome(case.name, "mismatch", f"{len(outs)} outputs, expected {len(expected)}")
     for i, (got, ref) in enumerate(zip(outs, expected, strict=True)):
         if got.dtype != ref.dtype or got.shape != ref.shape:
-            return Outcome(case.name, "mismatch", f"output {i}: {got.dtype}{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}")
+            return Outcome(
+                case.name,
+                "mismatch",
+                f"output {i}: {got.dtype}{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}",
+            )
         if ref.dtype.kind in "fc":
             ok = np.allclose(got, ref, rtol=case.rtol, atol=case.atol, equal_nan=True)
         else:
             ok = np.array_equal(got, ref)
         if not ok and ref.dtype == np.float16 and _within_f16_ulps(got, ref, 2):
-            return Outcome(case.name, "f16-ulp", f"output {i}: within 2 f16 ulps, outside ONNX's rtol={case.rtol}")
+            return Outcome(
+                case.name,
+                "f16-ulp",
+                f"output {i}: within 2 f16 ulps, outside ONNX's rtol={case.rtol}",
+            )
         if not ok and case.name in KNOWN_DEVIATIONS:
             return Outcome(case.name, "known-deviation", KNOWN_DEVIATIONS[case.name])
         if not ok:
@@ -139,7 +151,9 @@ def run_all(filter_: str | None = None) -> list[Outcome]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("-k", dest="filter", help="only tests whose name contains this")
     ap.add_argument("--update", action="store_true", help="rewrite passing.txt with the passes")
     ap.add_argument("-v", action="store_true", help="print every non-passing test")
@@ -149,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     for o in outcomes:
         if o.status in ("mismatch", "internal") or (args.v and o.status != "pass"):
             print(f"{o.status:11s} {o.name}: {o.detail}")
-    by_op = collections.Counter(o.detail.split(":")[0] for o in outcomes if o.status == "unsupported")
+    by_op = collections.Counter(
+        o.detail.split(":")[0] for o in outcomes if o.status == "unsupported"
+    )
     print(f"\n{len(outcomes)} tests: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     if args.update and args.filter is None:
         old = set(PASSING.read_text().split()) if PASSING.exists() else set()

@@ -58,13 +58,17 @@ def feed(rng, shapes, dtype=np.float32):
 
 
 @pytest.mark.parametrize("dtype", [DType.F32, DType.F64, DType.F16])
-@pytest.mark.parametrize(("masked", "causal"), [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize(
+    ("masked", "causal"), [(False, False), (True, False), (False, True), (True, True)]
+)
 @pytest.mark.parametrize(("m", "n"), [(3, 3), (2, 5)])
 def test_cpu_attention_matches_numpy_formula(dtype, masked, causal, m, n):
     rng = np.random.default_rng(1)
     g, q, k, v, mask = qkv_graph(m, n, dtype, masked)
     g.add_output(g.attention(q, k, v, mask, scale=0.7, causal=causal))
-    arrays = feed(rng, [(2, m, 4), (2, n, 4), (2, n, 6)] + ([(2, m, n)] if masked else []), dtype.np)
+    arrays = feed(
+        rng, [(2, m, 4), (2, n, 4), (2, n, 6)] + ([(2, m, n)] if masked else []), dtype.np
+    )
     (out,) = evaluate(g, arrays)
     assert out.dtype == dtype.np
     want = reference(*arrays[:3], arrays[3] if masked else None, 0.7, causal)
@@ -75,7 +79,11 @@ def test_cpu_attention_matches_numpy_formula(dtype, masked, causal, m, n):
 def test_cpu_attention_is_stable_for_large_scores():
     g, q, k, v, _ = qkv_graph(2, 3)
     g.add_output(g.attention(q, k, v, scale=1.0))
-    arrays = [np.full((2, 2, 4), 300, np.float32), np.full((2, 3, 4), 300, np.float32), np.ones((2, 3, 6), np.float32)]
+    arrays = [
+        np.full((2, 2, 4), 300, np.float32),
+        np.full((2, 3, 4), 300, np.float32),
+        np.ones((2, 3, 6), np.float32),
+    ]
     (out,) = evaluate(g, arrays)
     np.testing.assert_allclose(out, 1.0)
 
@@ -129,15 +137,24 @@ def test_attention_builder_rejects_bad_mask_dtype_and_causal():
 
 
 # -- decomposition -----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("masked", "causal"), [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize(("m", "n", "bind"), [(3, 5, {}), (S, S, {"seq": 4}), (S, Size.sym("t"), {"seq": 2, "t": 6})])
+@pytest.mark.parametrize(
+    ("masked", "causal"), [(False, False), (True, False), (False, True), (True, True)]
+)
+@pytest.mark.parametrize(
+    ("m", "n", "bind"), [(3, 5, {}), (S, S, {"seq": 4}), (S, Size.sym("t"), {"seq": 2, "t": 6})]
+)
 def test_decomposition_equals_the_op(masked, causal, m, n, bind):
     g, q, k, v, mask = qkv_graph(m, n, masked=masked)
     g.add_output(g.attention(q, k, v, mask, 0.3, causal), "op")
     g.add_output(decompose_attention(g, q, k, v, mask, 0.3, causal), "decomposed")
-    arrays = [np.random.default_rng(2).standard_normal(g[x].shape.eval(bind)).astype(np.float32) for x in g.inputs]
+    arrays = [
+        np.random.default_rng(2).standard_normal(g[x].shape.eval(bind)).astype(np.float32)
+        for x in g.inputs
+    ]
     op, dec = evaluate(g, arrays)
-    assert not any(isinstance(g[x].op, Attention) for x in g.values() if x.index > g.outputs[0].index)
+    assert not any(
+        isinstance(g[x].op, Attention) for x in g.values() if x.index > g.outputs[0].index
+    )
     np.testing.assert_allclose(op, dec, rtol=1e-6, atol=1e-6)
 
 
@@ -309,7 +326,9 @@ def test_constant_causal_mask_with_offset_becomes_the_causal_flag():
     s = g.add(g.mul(g.matmul(q, g.transpose(k)), 0.5), g.constant(tri[None]))
     g.add_output(g.matmul(g.softmax(s, 2), v), "y")
     opt = optimize(g, only("detect_attention"))
-    assert [str(opt[v].op.attrs()) for v in opt.values() if isinstance(opt[v].op, Attention)] == ["scale=0.5 causal"]
+    assert [str(opt[v].op.attrs()) for v in opt.values() if isinstance(opt[v].op, Attention)] == [
+        "scale=0.5 causal"
+    ]
     assert_same(g, opt, {"B": 3})
 
 
@@ -319,7 +338,9 @@ def test_non_causal_iota_mask_stays_a_mask():
     x = g.input(Shape.of(B, S, 4), DType.F32, "x")
     shape = Shape.of(S, S)
     allowed = g.binary(BinaryOp.GE, g.iota(shape, 1), g.iota(shape, 0))
-    m = g.broadcast(g.view(fsel(g, allowed, 0.0, -1e30), Shape.of(1, 1, S, S)), Shape.of(B, 2, S, S))
+    m = g.broadcast(
+        g.view(fsel(g, allowed, 0.0, -1e30), Shape.of(1, 1, S, S)), Shape.of(B, 2, S, S)
+    )
     g.add_output(heads_block(g, x, mask=m), "y")
     opt = optimize(g, only("detect_attention"))
     (att,) = [opt[v].op for v in opt.values() if isinstance(opt[v].op, Attention)]
@@ -351,7 +372,9 @@ def test_padding_and_causal_masks_together_stay_one_summed_mask():
     assert not att.causal and att.mask is not None
     ids = np.ones((2, 5), np.int64)
     ids[1, :2] = 0  # left padding: query 0 of sample 1 sees no key at all
-    assert_same(g, opt, inputs=[np.random.default_rng(5).standard_normal((2, 5, 4)).astype(np.float32), ids])
+    assert_same(
+        g, opt, inputs=[np.random.default_rng(5).standard_normal((2, 5, 4)).astype(np.float32), ids]
+    )
 
 
 def test_scale_after_the_mask_scales_the_mask_too():
@@ -389,7 +412,12 @@ def test_does_not_fire_when_an_intermediate_has_another_user(leak):
     scaled = g.mul(scores, 0.5)
     probs = g.softmax(scaled, 2)
     g.add_output(g.matmul(probs, v), "y")
-    g.add_output(g.exp(ANOTHER_USER[leak](g, {"scores": scores, "scaled": scaled, "probs": probs, "kt": kt})), "leak")
+    g.add_output(
+        g.exp(
+            ANOTHER_USER[leak](g, {"scores": scores, "scaled": scaled, "probs": probs, "kt": kt})
+        ),
+        "leak",
+    )
     opt = optimize(g, only("detect_attention"))
     if leak == "kt":  # Kᵀ is an operand, not a hidden intermediate: fusing is still fine
         assert op_counts(opt)["attention"] == 1
@@ -418,7 +446,9 @@ def test_full_optimizer_on_a_block_keeps_numerics():
     assert op_counts(opt)["attention"] == 1
     ids = np.ones((3, 6), np.int64)
     ids[2, 4:] = 0
-    assert_same(g, opt, inputs=[np.random.default_rng(6).standard_normal((3, 6, 4)).astype(np.float32), ids])
+    assert_same(
+        g, opt, inputs=[np.random.default_rng(6).standard_normal((3, 6, 4)).astype(np.float32), ids]
+    )
 
 
 # -- the real exports ---------------------------------------------------------------------------------
@@ -433,7 +463,9 @@ CAUSAL_ONLY = {"clip_text_ts", "clip_text_dynamo"}  # no padding input: the mask
 def _bindings(fixture: str) -> list[dict[str, np.ndarray]]:
     data = np.load(MODELS / f"{fixture}.npz")
     sets = sorted({k.split(":")[0][2:] for k in data.files if k.startswith("in")})
-    return [{k.split(":", 1)[1]: data[k] for k in data.files if k.startswith(f"in{s}:")} for s in sets]
+    return [
+        {k.split(":", 1)[1]: data[k] for k in data.files if k.startswith(f"in{s}:")} for s in sets
+    ]
 
 
 @pytest.mark.parametrize("fixture", TRANSFORMERS)
@@ -475,7 +507,11 @@ def test_masked_fill_causal_becomes_the_causal_flag(fill):
     shape = Shape.of(S, S)
     causal = g.binary(BinaryOp.LE, g.iota(shape, 1), g.iota(shape, 0))
     s = g.div(g.matmul(q, g.transpose(k)), 2.0)
-    s = g.select(g.broadcast(g.view(causal, Shape.of(1, S, S)), Shape.of(B, S, S)), s, g.scalar(fill, DType.F32))
+    s = g.select(
+        g.broadcast(g.view(causal, Shape.of(1, S, S)), Shape.of(B, S, S)),
+        s,
+        g.scalar(fill, DType.F32),
+    )
     g.add_output(g.matmul(g.softmax(s, 2), v), "y")
     opt = optimize(g, only("detect_attention"))
     (att,) = [opt[v].op for v in opt.values() if isinstance(opt[v].op, Attention)]
@@ -511,7 +547,9 @@ def test_diffusion_attention_blocks_are_detected(fixture):
     # self- and cross-attention of the UNet's transformer blocks, the VAE's single-head mid block
     from kn_graph.onnx import load_onnx
 
-    softmaxes = sum(n.op_type == "Softmax" for n in onnx.load(MODELS / f"{fixture}.onnx").graph.node)
+    softmaxes = sum(
+        n.op_type == "Softmax" for n in onnx.load(MODELS / f"{fixture}.onnx").graph.node
+    )
     g = load_onnx(MODELS / f"{fixture}.onnx")
     opt = optimize(g)
     assert op_counts(opt)["attention"] == softmaxes and op_counts(opt)["softmax"] == 0

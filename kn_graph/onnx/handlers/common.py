@@ -15,7 +15,11 @@ __all__ = ["all_known", "known_elementwise"]
 
 def all_known(ctx: NodeContext, indices: range | list[int] | None = None) -> list[Known] | None:
     """Every (present) input as a Known, or None when any of them is a runtime value."""
-    idx = list(indices) if indices is not None else [i for i in range(ctx.num_inputs) if ctx.has_input(i)]
+    idx = (
+        list(indices)
+        if indices is not None
+        else [i for i in range(ctx.num_inputs) if ctx.has_input(i)]
+    )
     out = []
     for i in idx:
         k = ctx.input_known(i)

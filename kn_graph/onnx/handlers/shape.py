@@ -131,7 +131,9 @@ def dropout(ctx: NodeContext) -> Result | list[Result | None]:
         if ctx.has_input(1):
             ratio = float(np.asarray(ctx.input_static(1, "ratio")).reshape(-1)[0])
         if bool(training[0]) and ratio != 0:
-            ctx.unsupported(f"training mode with ratio {ratio} is random; only inference is supported")
+            ctx.unsupported(
+                f"training mode with ratio {ratio} is random; only inference is supported"
+            )
     if ctx.has_input(1):
         ctx.raw_input(1)  # the ratio has no effect at inference
     x = ctx.raw_input(0)
@@ -166,7 +168,9 @@ def reshape(ctx: NodeContext) -> Result:
     for i, d in enumerate(target):
         if d == Size(0) and not allowzero:
             if i >= in_shape.rank:
-                ctx.unsupported(f"target dim {i} is 0 (copy) but the input has rank {in_shape.rank}")
+                ctx.unsupported(
+                    f"target dim {i} is 0 (copy) but the input has rank {in_shape.rank}"
+                )
             dims.append(in_shape[i])
         elif d == Size(-1):
             dims.append(None)
@@ -421,16 +425,22 @@ def _range_scalar(ctx: NodeContext, i: int, what: str) -> Size | np.generic:
 @onnx_op("Range")
 def range_(ctx: NodeContext) -> Result:
     dtype = ctx.input_dtype(0)
-    start, limit, delta = (_range_scalar(ctx, i, w) for i, w in enumerate(("start", "limit", "delta")))
+    start, limit, delta = (
+        _range_scalar(ctx, i, w) for i, w in enumerate(("start", "limit", "delta"))
+    )
     if not all(isinstance(v, Size) for v in (start, limit, delta)):
         # float range: computed here exactly as the reference does (in float64, then cast)
-        lo, hi, d = (float(v.factor) if isinstance(v, Size) else v.item() for v in (start, limit, delta))
+        lo, hi, d = (
+            float(v.factor) if isinstance(v, Size) else v.item() for v in (start, limit, delta)
+        )
         if d == 0:
             ctx.unsupported("delta is zero")
         half = dtype is DType.F16 and ctx.has_attr("stash_type")
         stash = _STASH.get(ctx.attr_int("stash_type")) if half else None
         if stash is not None:  # half precision computed in a wider type, as the reference does
-            return ctx.graph.constant(np.arange(stash(lo).item(), hi, d, dtype=stash).astype(dtype.np))
+            return ctx.graph.constant(
+                np.arange(stash(lo).item(), hi, d, dtype=stash).astype(dtype.np)
+            )
         ctx.ignore_attrs("stash_type")
         return ctx.graph.constant(np.arange(lo, hi, d).astype(dtype.np))
     assert isinstance(start, Size) and isinstance(limit, Size) and isinstance(delta, Size)
@@ -439,7 +449,11 @@ def range_(ctx: NodeContext) -> Result:
         ctx.unsupported("delta is zero")
     if start.is_fixed and limit.is_fixed:
         arr = np.arange(start.factor, limit.factor, step)
-        return known(arr, dtype) if arr.size <= KNOWN_LIMIT else ctx.graph.constant(arr.astype(dtype.np))
+        return (
+            known(arr, dtype)
+            if arr.size <= KNOWN_LIMIT
+            else ctx.graph.constant(arr.astype(dtype.np))
+        )
     # symbolic length: iota·delta + start, when (limit - start) / delta is an exact size
     n = (limit - start) // step if step > 0 else (start - limit) // -step
     g = ctx.graph

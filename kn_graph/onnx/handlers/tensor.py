@@ -58,7 +58,9 @@ def _slice_axis(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, s
         offsets = g.constant(start.factor + step * np.arange(length, dtype=np.int64))
         return g.gather(x, axis, g.add(offsets, scalar_operand(ctx, dim, DType.I64)))
     if (start.is_fixed and start.factor < 0) or (end.is_fixed and end.factor < 0):
-        ctx.unsupported(f"bounds {start}:{end} mix the start and the end of symbolic axis {axis} ({dim})")
+        ctx.unsupported(
+            f"bounds {start}:{end} mix the start and the end of symbolic axis {axis} ({dim})"
+        )
     stop = dim if to_end else end
     count = stop - start
     # a symbolic count must divide exactly by the step (else refused)
@@ -66,18 +68,24 @@ def _slice_axis(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, s
     return g.slice_raw(x, axis, start, step, count_out)
 
 
-def _reverse_symbolic(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, step: int) -> Value:
+def _reverse_symbolic(
+    ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, step: int
+) -> Value:
     """x[::-1] on a symbolic axis (torch.flip exports): a runtime gather of indices dim-1-iota."""
     g = ctx.graph
     dim = g.shape(x)[axis]
     whole = start.is_fixed and (start.factor == -1 or start.factor >= INT_BIG)
     if step != -1 or not whole or not (end.is_fixed and end.factor <= -INT_BIG):
-        ctx.unsupported(f"negative step {step} with bounds {start}:{end} on symbolic axis {axis} ({dim})")
+        ctx.unsupported(
+            f"negative step {step} with bounds {start}:{end} on symbolic axis {axis} ({dim})"
+        )
     last = g.sub(scalar_operand(ctx, dim, DType.I64), 1) if not dim.is_fixed else dim.factor - 1
     return g.gather(x, axis, g.sub(last, g.iota(Shape.of(dim), 0)))
 
 
-def _slice_args(ctx: NodeContext) -> tuple[list[Size], list[Size], list[int] | None, list[int] | None]:
+def _slice_args(
+    ctx: NodeContext,
+) -> tuple[list[Size], list[Size], list[int] | None, list[int] | None]:
     if ctx.opset < 10:
         starts = [Size(v) for v in ctx.attr_ints("starts") or []]
         ends = [Size(v) for v in ctx.attr_ints("ends") or []]
@@ -165,7 +173,9 @@ def gather(ctx: NodeContext) -> Result:
     if idx is not None:
         flat = idx.reshape(-1)
         if dim.is_fixed:
-            return _take_flat(ctx, x, axis, g.constant(_normalise(ctx, flat, dim.factor, "gather")), out)
+            return _take_flat(
+                ctx, x, axis, g.constant(_normalise(ctx, flat, dim.factor, "gather")), out
+            )
         if (flat >= 0).all():
             return _take_flat(ctx, x, axis, g.constant(flat), out)
         indices = _wrap_runtime(ctx, g.constant(flat), dim)
@@ -190,7 +200,9 @@ def _ravel(coords: Sequence[np.ndarray], dims: Sequence[int]) -> np.ndarray:
     return np.ravel_multi_index(tuple(coords), tuple(dims)).reshape(-1).astype(np.int64)
 
 
-def _linear(ctx: NodeContext, coords: Sequence[Value], dims: Sequence[Size], checked: set[int]) -> Value:
+def _linear(
+    ctx: NodeContext, coords: Sequence[Value], dims: Sequence[Size], checked: set[int]
+) -> Value:
     """Σ coordᵢ·strideᵢ (row-major strides of `dims`) in i64: a flat index into those dims.
 
     Coordinates whose position is in `checked` come from runtime indices: where any of them is out
@@ -205,8 +217,11 @@ def _linear(ctx: NodeContext, coords: Sequence[Value], dims: Sequence[Size], che
         total = term if total is None else g.add(total, term)
         stride = stride * d
         if i in checked:
-            out = g.binary(BinaryOp.OR, g.binary(BinaryOp.LT, c, 0),
-                           g.binary(BinaryOp.GE, c, scalar_operand(ctx, d, DType.I64)))
+            out = g.binary(
+                BinaryOp.OR,
+                g.binary(BinaryOp.LT, c, 0),
+                g.binary(BinaryOp.GE, c, scalar_operand(ctx, d, DType.I64)),
+            )
             bad = out if bad is None else g.binary(BinaryOp.OR, bad, out)
     if total is None:
         ctx.unsupported("no index coordinates")
@@ -227,7 +242,9 @@ def gather_elements(ctx: NodeContext) -> Result:
     x = g.view(ctx.input(0), Shape.of(shape.size()))
     idx = _static_indices(ctx, 1)
     if idx is not None and shape.is_fixed:
-        static = _static_coords(idx, axis, _normalise(ctx, idx, shape[axis].factor, "gather_elements"))
+        static = _static_coords(
+            idx, axis, _normalise(ctx, idx, shape[axis].factor, "gather_elements")
+        )
         return _take_flat(ctx, x, 0, g.constant(_ravel(static, shape.fixed_dims())), idx_shape)
     along = _wrap_runtime(ctx, ctx.input(1), shape[axis])
     coords = [along if i == axis else g.iota(idx_shape, i) for i in range(shape.rank)]
@@ -336,7 +353,9 @@ def pad(ctx: NodeContext) -> Result:
     shape = ctx.input_shape(0)
     for axis, (before, after) in enumerate(per_axis):
         if shape[axis].is_fixed and shape[axis].factor - max(-before, 0) - max(-after, 0) < 0:
-            ctx.unsupported(f"pads {before, after} crop more than the {shape[axis]} elements of axis {axis}")
+            ctx.unsupported(
+                f"pads {before, after} crop more than the {shape[axis]} elements of axis {axis}"
+            )
     value = _pad_value(ctx, ctx.input_dtype(0))
     return ctx.graph.pad(ctx.input(0), per_axis, mode, value)  # type: ignore[arg-type]
 
@@ -409,7 +428,12 @@ def eye_like(ctx: NodeContext) -> Result:
 def one_hot(ctx: NodeContext) -> Result:
     idx_shape = ctx.input_shape(0)
     depth_arr = np.asarray(ctx.input_static(1, "depth")).reshape(-1)
-    if depth_arr.size != 1 or not np.isfinite(depth_arr[0]) or depth_arr[0] != int(depth_arr[0]) or depth_arr[0] < 1:
+    if (
+        depth_arr.size != 1
+        or not np.isfinite(depth_arr[0])
+        or depth_arr[0] != int(depth_arr[0])
+        or depth_arr[0] < 1
+    ):
         ctx.unsupported(f"depth must be one positive integer, found {depth_arr.tolist()}")
     depth = int(depth_arr[0])
     axis = ctx.axis(ctx.attr_int("axis", -1), idx_shape.rank + 1)
@@ -425,7 +449,9 @@ def one_hot(ctx: NodeContext) -> Result:
 
 
 # -- scatter (static indices) -----------------------------------------------------------------------
-def _write_rounds(targets: np.ndarray, n: int, last_only: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+def _write_rounds(
+    targets: np.ndarray, n: int, last_only: bool
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """(mask [n], source update [n]) per round: round r holds each position's r-th write."""
     order = np.argsort(targets, kind="stable")
     sorted_t = targets[order]
