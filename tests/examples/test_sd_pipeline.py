@@ -117,7 +117,8 @@ def test_cli_writes_png_steps_and_timings(
     out = capsys.readouterr().out
     png = tmp_path / "a-red-apple-on-a-table-7.png"
     assert f"wrote {png} (32x32)" in out and "time per stage:" in out and "total" in out
-    assert Image.open(png).size == (32, 32)
+    with Image.open(png) as im:
+        assert im.size == (32, 32)
     steps = sorted(p.name for p in (tmp_path / "a-red-apple-on-a-table-7-steps").iterdir())
     assert steps == [
         "step000-t0501.npy",
