@@ -91,9 +91,16 @@ def _cuda_problem(index: int) -> str | None:
         return "the kn_cuda_eval backend is not installed"
     try:
         probe = importlib.import_module("kn_cuda_eval.device").probe  # type: ignore[attr-defined]
-        return probe(index)
+        reason = probe(index)
     except Exception as e:  # any failure of the driver, CuPy or the libraries means "no CUDA"
-        return f"{type(e).__name__}: {e}"
+        reason = f"{type(e).__name__}: {e}"
+    return None if reason is None else _one_line(reason)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """Library errors (CuPy's list the folders they searched) become one readable line."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 class PreparedGraph:

@@ -49,6 +49,7 @@ def _mixed_graph() -> Graph:
     return g
 
 
+@pytest.mark.cuda  # needs CuPy's cuBLAS binding (libcublas), which CI does not install
 def test_cuda_enum_values_match_cupy() -> None:
     try:
         from cupy.cuda import cublas, runtime
@@ -66,6 +67,7 @@ def test_cuda_enum_values_match_cupy() -> None:
     )
 
 
+@pytest.mark.cuda  # needs CuPy's cuBLAS binding
 @pytest.mark.parametrize("batch", [1, 3])
 def test_gemm_argument_tuples_follow_cupys_signatures(batch: int) -> None:
     """Argument count and order against the signature CuPy documents for each function."""

@@ -70,6 +70,7 @@ class _Stream:
     ptr: int
 
 
+@pytest.mark.cuda  # needs CuPy's CUDA libraries (cuBLAS), which CI does not install
 def test_runtime_driver_and_cublas_calls_match_cupys_signatures() -> None:
     api = _api()
     api.rt = Checked(api.rt, {"getDeviceCount": 1, "getDeviceProperties": {"name": b"H200"}})
@@ -91,6 +92,7 @@ def test_runtime_driver_and_cublas_calls_match_cupys_signatures() -> None:
     assert api.blas.calls == [("create", ()), ("setMathMode", (7, 0))]  # type: ignore[attr-defined]
 
 
+@pytest.mark.cuda  # needs CuPy's CUDA libraries (cuBLAS), which CI does not install
 def test_the_cupy_objects_the_api_uses_exist() -> None:
     api = _api()
     cp = api.cp
@@ -115,6 +117,7 @@ def test_the_cupy_objects_the_api_uses_exist() -> None:
         assert hasattr(api.rt, f), f
 
 
+@pytest.mark.cuda  # needs CuPy's CUDA libraries (cuBLAS), which CI does not install
 def test_cublas_set_workspace_is_found_on_cupys_own_library() -> None:
     _api()  # CupyApi imports cupy.cuda.cublas, which loads libcublas
     fn = _find_set_workspace()
