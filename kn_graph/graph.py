@@ -122,6 +122,8 @@ class Graph(NNBuilders):
 
     # -- access ----------------------------------------------------------------------------------
     def check(self, v: Value) -> Value:
+        if type(v) is Value and v.graph_id == self.id and 0 <= v.index < len(self._infos):
+            return v  # the common case, first and cheap: passes call this constantly
         if not isinstance(v, Value):
             raise GraphError(f"expected a Value, found {type(v).__name__} {v!r}")
         if v.graph_id != self.id:
@@ -131,6 +133,11 @@ class Graph(NNBuilders):
         return v
 
     def __getitem__(self, v: Value) -> ValueInfo:
+        if type(v) is Value and v.graph_id == self.id and v.index >= 0:
+            try:
+                return self._infos[v.index]
+            except IndexError:
+                pass
         return self._infos[self.check(v).index]
 
     def __len__(self) -> int:
