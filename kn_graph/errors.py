@@ -51,7 +51,9 @@ class UnsupportedOnnxError(OnnxImportError):
         self.node_name = node_name
         self.op_type = op_type
         self.detail = detail
-        super().__init__(f"node '{node_name}' ({op_type}): {detail}")
+        # a graph input or initializer has no op type: then `node_name` already says what it is
+        where = f"node '{node_name}' ({op_type})" if op_type else node_name
+        super().__init__(f"{where}: {detail}")
 
 
 class StaticInputRequiredError(UnsupportedOnnxError):

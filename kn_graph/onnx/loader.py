@@ -239,9 +239,7 @@ class Loader:
         name = inp.name
         where = f"input '{name}'"
         if not inp.type.HasField("tensor_type"):
-            raise UnsupportedOnnxError(
-                name, "<input>", f"{where}: only tensor inputs are supported"
-            )
+            raise UnsupportedOnnxError(where, "", "only tensor inputs are supported")
         tt = inp.type.tensor_type
         dt = onnx_dtype(tt.elem_type, where)
         if name in self.input_values:
