@@ -4,62 +4,18 @@ and load-time reductions of shape tensors."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from kn_graph.cpu import evaluate
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import View
 from kn_graph.shape import Shape, Size
+from tests.onnx.helpers import check, model, ours
 
 RNG = np.random.default_rng(11)
-
-
-def model(
-    nodes: Sequence[onnx.NodeProto],
-    inputs: Mapping[str, np.ndarray],
-    outputs: Sequence[str] = ("y",),
-    *,
-    inits: Mapping[str, np.ndarray] | None = None,
-    dims: Mapping[str, Sequence[int | str]] | None = None,
-    opset: int = 18,
-) -> onnx.ModelProto:
-    dims = dims or {}
-    ins = [
-        helper.make_tensor_value_info(
-            n, helper.np_dtype_to_tensor_dtype(a.dtype), list(dims.get(n, a.shape))
-        )
-        for n, a in inputs.items()
-    ]
-    outs = [onnx.ValueInfoProto(name=n) for n in outputs]
-    init = [numpy_helper.from_array(np.asarray(a), n) for n, a in (inits or {}).items()]
-    g = helper.make_graph(list(nodes), "g", ins, outs, initializer=init)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-
-
-def ours(m: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    g = load_onnx(m)
-    return evaluate(g, {n: feed[n] for n in g.input_names})
-
-
-def check(
-    m: onnx.ModelProto, feed: Mapping[str, np.ndarray], rtol: float = 1e-5, atol: float = 1e-6
-) -> None:
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    want = sess.run(None, dict(feed))
-    for got, ref in zip(ours(m, feed), want, strict=True):
-        assert got.dtype == ref.dtype and got.shape == ref.shape, (
-            got.dtype,
-            got.shape,
-            ref.dtype,
-            ref.shape,
-        )
-        np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol)
 
 
 def floats(*shape: int) -> np.ndarray:

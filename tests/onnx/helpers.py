@@ -1,0 +1,66 @@
+"""Helpers of the elementwise and reduction op tests: build a small ONNX model, run it through
+our loader and CPU executor, and compare with onnxruntime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from kn_graph.cpu import evaluate
+from kn_graph.onnx import load_onnx
+
+
+def model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str] = ("y",),
+    *,
+    inits: Mapping[str, np.ndarray] | None = None,
+    dims: Mapping[str, Sequence[int | str]] | None = None,
+    opset: int = 18,
+) -> onnx.ModelProto:
+    dims = dims or {}
+    ins = [
+        helper.make_tensor_value_info(
+            n, helper.np_dtype_to_tensor_dtype(a.dtype), list(dims.get(n, a.shape))
+        )
+        for n, a in inputs.items()
+    ]
+    outs = [onnx.ValueInfoProto(name=n) for n in outputs]
+    init = [numpy_helper.from_array(np.asarray(a), n) for n, a in (inits or {}).items()]
+    g = helper.make_graph(list(nodes), "g", ins, outs, initializer=init)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def node(
+    op: str, inputs: Sequence[str], outputs: Sequence[str] = ("y",), **attrs: object
+) -> onnx.NodeProto:
+    return helper.make_node(op, list(inputs), list(outputs), **attrs)
+
+
+def ours(m: onnx.ModelProto, feed: Mapping[str, np.ndarray], **load: object) -> list[np.ndarray]:
+    g = load_onnx(m, **load)  # type: ignore[arg-type]
+    return evaluate(g, {n: feed[n] for n in g.input_names})
+
+
+def reference(m: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [np.asarray(a) for a in sess.run(None, dict(feed))]
+
+
+def check(
+    m: onnx.ModelProto, feed: Mapping[str, np.ndarray], rtol: float = 1e-5, atol: float = 1e-6
+) -> None:
+    """Ours equals onnxruntime in dtype, shape and value."""
+    for got, want in zip(ours(m, feed), reference(m, feed), strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape, (
+            got.dtype,
+            got.shape,
+            want.dtype,
+            want.shape,
+        )
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
