@@ -38,9 +38,15 @@ import tempfile
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+from tests.models.make_models import (
+    TINY_UNET_CONFIG,
+    TINY_VAE_CONFIG,
+    rerandomise_zero_params,
+)
 
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore")
@@ -142,17 +148,6 @@ def write_tokenizer(folder: Path) -> dict[str, int]:
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     return ids
-
-
-def rerandomise_zero_params(model: nn.Module, seed: int, std: float = 0.05) -> None:
-    """As tests/models/make_models.py: diffusers zero-initialises proj_out/conv_out layers."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim >= 2 and torch.count_nonzero(p) == 0:
-                p.copy_(torch.randn(p.shape, generator=g) / np.sqrt(p[0].numel()))
-            elif p.ndim == 1 and name.endswith("bias") and torch.count_nonzero(p) == 0:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
 class TextEncoder(nn.Module):
@@ -282,18 +277,7 @@ def build_tiny(out: Path) -> None:
     write_json(out / "text_encoder" / "config.json", cfg.to_diff_dict())
 
     torch.manual_seed(7)
-    unet = UNet2DConditionModel(
-        sample_size=16,
-        in_channels=4,
-        out_channels=4,
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32,
-        attention_head_dim=8,
-        norm_num_groups=8,
-    ).eval()
+    unet = UNet2DConditionModel(**TINY_UNET_CONFIG).eval()
     rerandomise_zero_params(unet, seed=17)
     g = torch.Generator().manual_seed(70)
     sample = torch.randn(2, 4, 16, 16, generator=g)
@@ -320,17 +304,7 @@ def build_tiny(out: Path) -> None:
     write_json(out / "unet" / "config.json", dict(unet.config))
 
     torch.manual_seed(8)
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        latent_channels=4,
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        norm_num_groups=8,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        sample_size=32,
-    ).eval()
+    vae = AutoencoderKL(**TINY_VAE_CONFIG).eval()
     vae.encoder = None
     rerandomise_zero_params(vae, seed=18)
     latent = torch.randn(1, 4, 16, 16, generator=g) / 0.18215 * 0.7

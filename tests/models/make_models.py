@@ -214,6 +214,34 @@ def calibrate_batchnorm(model, shape, seed):
     return model
 
 
+# The tiny SD configurations, shared with examples/make_tiny_sd.py (the shipped pipeline).
+# (32, 64) channels would cost 3.3 MB per export; diffusers reads attention_head_dim as the
+# number of heads here (8 heads of 2 and 4 channels).
+TINY_UNET_CONFIG = dict(
+    sample_size=16,
+    in_channels=4,
+    out_channels=4,
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+    cross_attention_dim=32,
+    attention_head_dim=8,
+    norm_num_groups=8,
+)
+TINY_VAE_CONFIG = dict(
+    in_channels=3,
+    out_channels=3,
+    latent_channels=4,
+    block_out_channels=(16, 32),
+    layers_per_block=1,
+    norm_num_groups=8,
+    down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+    up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+    sample_size=32,
+)
+
+
 def rerandomise_zero_params(model, seed, std=0.05):
     """Diffusers zero-initialises e.g. proj_out / conv_out layers; give every
     all-zero weight tensor (ndim >= 2) a random value so outputs are not trivial."""
@@ -530,20 +558,7 @@ def spec_sd_unet():
     from diffusers import UNet2DConditionModel
 
     torch.manual_seed(7)
-    unet = UNet2DConditionModel(
-        # (32, 64) channels would cost 3.3 MB per export; note that diffusers reads
-        # attention_head_dim as the number of heads here (8 heads of 2 and 4 channels)
-        sample_size=16,
-        in_channels=4,
-        out_channels=4,
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32,
-        attention_head_dim=8,
-        norm_num_groups=8,
-    ).eval()
+    unet = UNet2DConditionModel(**TINY_UNET_CONFIG).eval()
     rerandomise_zero_params(unet, seed=17)
     m = UNetWrapper(unet)
     shapes = {"export": (2, 6), 0: (1, 8), 1: (3, 5)}
@@ -575,17 +590,7 @@ def spec_sd_vae_decoder():
     from diffusers import AutoencoderKL
 
     torch.manual_seed(8)
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        latent_channels=4,
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        norm_num_groups=8,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        sample_size=32,
-    ).eval()
+    vae = AutoencoderKL(**TINY_VAE_CONFIG).eval()
     vae.encoder = None  # decoder only, keeps the module small
     rerandomise_zero_params(vae, seed=18)
     m = VaeDecoderWrapper(vae)
