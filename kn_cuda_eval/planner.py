@@ -804,4 +804,5 @@ def bind_symbols(
     for k, val in out.items():
         if not isinstance(val, int | np.integer) or val < 0:
             raise PlanError(f"plan: symbol {k} must be a non-negative integer, found {val!r}")
+    graph.check_bindings(out)  # the loader's assumptions (ShapeMismatchError when broken)
     return out

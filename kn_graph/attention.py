@@ -27,17 +27,17 @@ def causal_allowed(g: Graph, m: Size, n: Size) -> Value:
     """bool [m, n]: key j is visible to query i when j <= i + (n - m) (bottom-right aligned).
 
     Built from Iota so a symbolic sequence length stays symbolic; when n - m is not a monomial
-    (two unrelated symbols) the offset is counted at run time as sum(1 over n) - sum(1 over m)."""
+    (two unrelated symbols) the offset is counted at run time (`Graph.size_value`)."""
     shape = Shape.of(m, n)
     row = g.iota(shape, 0, DType.I64)
     col = g.iota(shape, 1, DType.I64)
     if m == n:
         return g.binary(BinaryOp.LE, col, row)
-    if m.is_fixed and n.is_fixed:
-        return g.binary(BinaryOp.LE, col, g.add(row, n.factor - m.factor))
-    count_n = g.reduce(g.full(1, [n], DType.I64), [0], ReduceOp.SUM)
-    count_m = g.reduce(g.full(1, [m], DType.I64), [0], ReduceOp.SUM)
-    return g.binary(BinaryOp.LE, col, g.add(row, g.sub(count_n, count_m)))
+    offset = n - m
+    v = offset.fixed_value()
+    return g.binary(
+        BinaryOp.LE, col, g.add(row, v if v is not None else g.size_value(offset, DType.I64))
+    )
 
 
 def decompose_attention(

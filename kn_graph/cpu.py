@@ -86,6 +86,7 @@ def bind_inputs(
             [f"input '{n}'" for n in names],
             known,
         )
+        graph.check_bindings(bindings)
     except InputMismatchError:
         raise
     except ShapeMismatchError as e:  # a bad input shape is an input mismatch (a subclass)

@@ -20,7 +20,7 @@ outputs: %8 "y"
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,9 +55,9 @@ from kn_graph.ops import (
     Value,
     View,
 )
-from kn_graph.shape import Shape, Size, SizeLike
+from kn_graph.shape import Guard, Shape, Size, SizeLike, _Node, check_guards
 
-__all__ = ["Graph", "ValueInfo", "broadcast_shapes"]
+__all__ = ["Graph", "ValueInfo", "broadcast_shapes", "slice_bounds"]
 
 _graph_ids = itertools.count()
 
@@ -78,8 +78,13 @@ class ValueInfo:
         return self.shape.rank
 
 
-def broadcast_shapes(*shapes: Shape) -> Shape:
-    """NumPy broadcasting of symbolic shapes: a size 1 stretches, other sizes must be equal."""
+Equate = Callable[[Size, Size, str], Size]
+"""Decides that two sizes that must be equal are (returns the one to use) or raises."""
+
+
+def broadcast_shapes(*shapes: Shape, equate: Equate | None = None) -> Shape:
+    """NumPy broadcasting of symbolic shapes: a size 1 stretches, other sizes must be equal
+    (symbolic sizes that differ are passed to `equate`, when given)."""
     rank = max(s.rank for s in shapes)
     out: list[Size] = []
     for i in range(rank):
@@ -93,6 +98,10 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
                 continue
             if dim == Size(1):
                 dim = d
+            elif equate is not None and not (dim.is_fixed and d.is_fixed):
+                dim = equate(
+                    dim, d, f"broadcasting {', '.join(map(str, shapes))} (axis {i})"
+                )
             else:
                 raise GraphError(
                     f"cannot broadcast shapes {', '.join(map(str, shapes))}: axis {i} has sizes "
@@ -100,6 +109,52 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
                 )
         out.append(dim)
     return Shape(tuple(out))
+
+
+def slice_bounds(
+    dim: Size, start: Size | None, end: Size | None, step: int, huge: int = 2**24
+) -> tuple[Size, Size, list[tuple[Size, Size]]]:
+    """(first index, element count, assumptions) of Python/ONNX slicing `[start:end:step]` on
+    an axis of `dim` elements. With fixed bounds on a fixed axis, bounds are clamped exactly.
+    Otherwise fixed negative bounds count from the end, fixed bounds of `huge` or more mean "to
+    the end" (exporters write 1e9, INT32_MAX, INT64_MAX), and the bounds are assumed to lie on
+    the axis: the assumptions `(lhs, rhs)` mean lhs >= rhs and become guards."""
+    n = dim.fixed_value()
+    sv = None if start is None else start.fixed_value()
+    ev = None if end is None else end.fixed_value()
+    if n is not None and (start is None or sv is not None) and (end is None or ev is not None):
+        r = range(*slice(sv, ev, step).indices(n))
+        return Size(r.start if len(r) else 0), Size(len(r)), []
+    conds: list[tuple[Size, Size]] = []
+
+    def norm(b: Size | None, default: Size, lo: int, hi: Size) -> Size:
+        if b is None:
+            return default
+        v = b.fixed_value()
+        if v is not None:
+            if v >= huge or (n is not None and v >= n):
+                return hi
+            if v <= -huge or (n is not None and v < -n):
+                return Size(lo)
+            if v < 0:
+                b = dim + v
+        conds.append((b, Size(lo)))
+        conds.append((hi, b))
+        return b
+
+    if step > 0:
+        s = norm(start, Size(0), 0, dim)
+        e = norm(end, dim, 0, dim)
+        length = (e - s).ceildiv(step)
+    else:
+        s = norm(start, dim - 1, -1, dim - 1)
+        e = norm(end, Size(-1), -1, dim - 1)
+        length = (s - e).ceildiv(-step)
+    lv = length.fixed_value()
+    if lv is not None and lv <= 0:
+        return Size(0), Size(0), []
+    conds.append((length, Size(0)))
+    return s, length, conds
 
 
 def _norm_axis(axis: int, rank: int, what: str = "axis") -> int:
@@ -119,6 +174,14 @@ class Graph(NNBuilders):
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.output_names: list[str] = []
+        self.guards: list[Guard] = []
+        """Conditions on the size symbols that every binding must meet (`check_bindings`)."""
+        self._guard_keys: set[tuple[Size, str, Size]] = set()
+        self.where = ""
+        """Where new values come from (the loader sets the node), for guard messages."""
+        self.equate: Equate | None = None
+        """How two symbolic sizes that must be equal become one (the ONNX loader records a
+        guard or unifies symbols); None: they must be identical, else GraphError."""
 
     # -- access ----------------------------------------------------------------------------------
     def check(self, v: Value) -> Value:
@@ -181,13 +244,83 @@ class Graph(NNBuilders):
             info = self._infos[i]
             self._infos[i] = ValueInfo(info.shape, info.dtype, info.op, name)
 
+    # -- guards ----------------------------------------------------------------------------------
+    def add_guard(self, lhs: SizeLike, rel: str, rhs: SizeLike, what: str) -> None:
+        """Record that every binding must satisfy `lhs rel rhs` (`==` or `>=`); a condition that
+        holds for every binding is dropped, one that holds for none raises GraphError."""
+        g = Guard.make(lhs, rel, rhs, self.where, what)
+        key = (g.lhs, g.rel, g.rhs)
+        if key in self._guard_keys or g.trivial:
+            return
+        self._guard_keys.add(key)
+        self.guards.append(g)
+
+    def copy_guards(self, other: Graph) -> None:
+        """Take over another graph's guards (rebuilding passes keep the assumptions)."""
+        for g in other.guards:
+            key = (g.lhs, g.rel, g.rhs)
+            if key not in self._guard_keys:
+                self._guard_keys.add(key)
+                self.guards.append(g)
+
+    def symbol_origins(self) -> dict[str, str]:
+        """For each size symbol, the first input axis that carries it (for error messages)."""
+        out: dict[str, str] = {}
+        for v in self.inputs:
+            info = self[v]
+            for axis, d in enumerate(info.shape):
+                for s in sorted(d.symbols):
+                    out.setdefault(s, f"input '{info.debug_name}', axis {axis}")
+        return out
+
+    def check_bindings(self, bindings: Mapping[str, int]) -> None:
+        """Raise ShapeMismatchError when the bindings violate one of the graph's guards."""
+        if self.guards:
+            check_guards(self.guards, bindings, self.symbol_origins())
+
+    def guard_equal(self, a: Size, b: Size, what: str) -> Size:
+        """An `equate` policy: record the guard `a == b` and use `a` (what a loaded graph keeps,
+        so passes that rebuild it may combine the sizes its loader equated)."""
+        if a.is_fixed and b.is_fixed and a != b:
+            raise GraphError(f"{what}: sizes {a} and {b} differ")
+        self.add_guard(a, "==", b, what)
+        return a
+
+    def _same(self, a: Size, b: Size, what: str) -> Size:
+        """The size to use where `a` and `b` must be equal; GraphError when they cannot be."""
+        if a == b:
+            return a
+        if self.equate is None or (a.is_fixed and b.is_fixed):
+            raise GraphError(f"{what}: sizes {a} and {b} differ")
+        return self.equate(a, b, what)
+
+    def _conform(self, x: Value, shape: Shape) -> Value:
+        """`x` re-labelled with the sizes of `shape` (right-aligned; size-1 axes kept) where they
+        were equated with a guard: same data, same element count at every valid binding."""
+        info = self[x]
+        off = shape.rank - info.rank
+        dims = list(info.shape.dims)
+        for i, d in enumerate(dims):
+            t = shape[i + off] if i + off >= 0 else d
+            if d != t and d != Size(1):
+                dims[i] = t
+        new = Shape(tuple(dims))
+        if new == info.shape:
+            return x
+        return self._push(new, info.dtype, View(x))
+
     # -- the one place values are created ---------------------------------------------------------
     def _push(self, shape: Shape, dtype: DType, op: Op, name: str = "") -> Value:
         if not isinstance(dtype, DType):
             raise GraphError(f"{op.NAME}: expected a DType, found {dtype!r}")
-        for d in shape:
-            if d.factor < 0:
-                raise GraphError(f"{op.NAME}: negative size {d} in shape {shape}")
+        for axis, d in enumerate(shape):
+            if d.is_fixed:
+                if d.as_int() < 0:
+                    raise GraphError(f"{op.NAME}: negative size {d} in shape {shape}")
+            elif not d.provably_nonneg():
+                if d.bounds()[1] < 0:
+                    raise GraphError(f"{op.NAME}: negative size {d} in shape {shape}")
+                self.add_guard(d, ">=", 0, f"{op.NAME}: size of axis {axis} must not be negative")
         for x in op.inputs:
             self.check(x)
         key = (shape, dtype, op)
@@ -256,6 +389,44 @@ class Graph(NNBuilders):
         op = self[v].op
         return op.tensor.array if isinstance(op, Constant) else None
 
+    def size_value(self, s: SizeLike, dtype: DType = DType.I64) -> Value:
+        """A size as a rank-0 runtime value: a symbol is the element count of a broadcast of
+        ones (no new op, and a GPU fuses it); floordiv, min and max become integer ops."""
+        s = Size.of(s)
+        v = s.fixed_value()
+        if v is not None:
+            return self.scalar(v, dtype)
+        if not dtype.is_int:  # integer arithmetic (floor division), then the cast
+            return self.cast(self.size_value(s, DType.I64), dtype)
+        total: Value | None = None
+        for mono, coef in s.terms:
+            term: Value | None = None if coef == 1 else self.scalar(coef, dtype)
+            for atom, exp in mono:
+                if isinstance(atom, str):
+                    full = self.full(1, Shape.of(Size.sym(atom)), dtype)
+                    x = self.reduce(full, [0], ReduceOp.SUM)
+                else:
+                    args = [self.size_value(a, dtype) for a in atom.args]
+                    x = self._atom_value(atom, args)
+                for _ in range(exp):
+                    term = x if term is None else self.mul(term, x)
+            assert term is not None
+            total = term if total is None else self.add(total, term)
+        assert total is not None
+        return total
+
+    def _atom_value(self, atom: _Node, args: list[Value]) -> Value:
+        if atom.kind == "floordiv":
+            a, b = args
+            if atom.args[0].provably_nonneg() and atom.args[1].provably_nonneg():
+                return self.binary(BinaryOp.DIV, a, b)  # truncation is floor here
+            return self.binary(BinaryOp.DIV, self.sub(a, self.binary(BinaryOp.MOD, a, b)), b)
+        op = BinaryOp.MIN if atom.kind == "min" else BinaryOp.MAX
+        out = args[0]
+        for x in args[1:]:
+            out = self.binary(op, out, x)
+        return out
+
     def scalar_value(self, v: Value) -> float | int | bool | None:
         """The element value when `v` is a constant whose elements are all equal, looking through
         views and broadcasts; else None."""
@@ -282,11 +453,18 @@ class Graph(NNBuilders):
         if info.shape == shape:
             return x
         if info.shape.size() != shape.size():
-            raise GraphError(
-                f"view: cannot reshape {info.shape} to {shape} (element counts differ)"
+            if self.equate is None or info.shape.is_fixed and shape.is_fixed:
+                raise GraphError(
+                    f"view: cannot reshape {info.shape} to {shape} (element counts differ)"
+                )
+            self._same(
+                info.shape.size(), shape.size(), f"reshape {info.shape} to {shape} (element count)"
             )
         if isinstance(info.op, View):
-            return self.view(info.op.x, shape)
+            inner = self[info.op.x].shape
+            if inner.size() == shape.size() or self.equate is not None:
+                return self.view(info.op.x, shape)
+            return self._push(shape, info.dtype, View(x))
         return self._push(shape, info.dtype, View(x))
 
     def broadcast(self, x: Value, shape: Shape | Sequence[SizeLike]) -> Value:
@@ -334,8 +512,8 @@ class Graph(NNBuilders):
         end: SizeLike | None = None,
         step: int = 1,
     ) -> Value:
-        """Python slicing `x[start:end:step]` along one axis (negative indices and clamping on
-        fixed sizes; a symbolic axis needs non-negative Sizes that stay in range)."""
+        """Python slicing `x[start:end:step]` along one axis: negative fixed bounds count from
+        the end, bounds are clamped to the axis (symbolically: `min(end, seq)`)."""
         info = self[x]
         axis = _norm_axis(axis, info.rank)
         if step == 0:
@@ -347,23 +525,19 @@ class Graph(NNBuilders):
         ):
 
             def as_int(s: SizeLike | None) -> int | None:
-                return None if s is None else Size.of(s).factor
+                return None if s is None else Size.of(s).as_int()
 
             r = range(*slice(as_int(start), as_int(end), step).indices(n))
             return self.slice_raw(x, axis, Size(r.start if len(r) else 0), step, len(r))
-        if step < 0:
-            raise GraphError(
-                f"slice: negative step on symbolic axis {axis} ({dim}) is not supported"
-            )
-        s = Size(0) if start is None else Size.of(start)
-        e = dim if end is None else Size.of(end)
-        if s.factor < 0 or e.factor < 0:
-            raise GraphError(f"slice: negative bound on symbolic axis {axis} ({dim})")
-        length = e - s
-        if step != 1:
-            exact = Size(step).divides(length)
-            length = length // step if exact else (length + (step - 1)) // step
-        return self.slice_raw(x, axis, s, step, length)
+        first, length, conds = slice_bounds(
+            dim,
+            None if start is None else Size.of(start),
+            None if end is None else Size.of(end),
+            step,
+        )
+        for lhs, rhs in conds:
+            self.add_guard(lhs, ">=", rhs, f"slice [{start}:{end}:{step}] of axis {axis} ({dim})")
+        return self.slice_raw(x, axis, first, step, length)
 
     def slice_raw(self, x: Value, axis: int, start: SizeLike, step: int, length: SizeLike) -> Value:
         """Elements start, start+step, … (`length` of them) along `axis`; bounds are checked."""
@@ -376,16 +550,23 @@ class Graph(NNBuilders):
         if length == Size(0):
             start, step = Size(0), 1
         elif start.is_fixed and length.is_fixed and dim.is_fixed:
-            last = start.factor + (length.factor - 1) * step
-            if not (0 <= start.factor < dim.factor and 0 <= last < dim.factor):
+            s0, n = start.as_int(), length.as_int()
+            last = s0 + (n - 1) * step
+            if not (0 <= s0 < dim.as_int() and 0 <= last < dim.as_int()):
                 raise GraphError(
                     f"slice: start {start}, step {step}, length {length} out of range for axis "
                     f"{axis} of size {dim}"
                 )
-        elif start.factor < 0:
-            raise GraphError(f"slice: negative start {start} on axis {axis} ({dim})")
-        elif step < 0:
-            raise GraphError(f"slice: negative step on symbolic axis {axis} ({dim})")
+        else:
+            if start.bounds()[1] < 0:
+                raise GraphError(f"slice: negative start {start} on axis {axis} ({dim})")
+            what = f"slice of axis {axis} ({dim}): start {start}, step {step}, length {length}"
+            if step > 0:
+                self.add_guard(start, ">=", 0, what)
+                self.add_guard(dim, ">=", start + (length - 1) * step + 1, what)
+            else:
+                self.add_guard(dim, ">=", start + 1, what)
+                self.add_guard(start + (length - 1) * step, ">=", 0, what)
         if length == Size(1):
             step = 1
         if length == dim and start == Size(0) and step == 1:
@@ -395,8 +576,8 @@ class Graph(NNBuilders):
     def flip(self, x: Value, axis: int) -> Value:
         info = self[x]
         axis = _norm_axis(axis, info.rank)
-        n = info.shape[axis].as_int(f"flip: axis {axis} size")
-        if n <= 1:
+        n = info.shape[axis]
+        if n == Size(1) or n == Size(0):
             return x
         return self.slice_raw(x, axis, n - 1, -1, n)
 
@@ -411,7 +592,7 @@ class Graph(NNBuilders):
         idx = self.const_value(indices)
         dim = info.shape[axis]
         if idx is not None and dim.is_fixed:
-            n = dim.factor
+            n = dim.as_int()
             idx = idx.astype(np.int64) if idx.dtype.kind == "i" else idx
             bad = (idx < -n) | (idx >= n)
             if bad.any():
@@ -445,11 +626,20 @@ class Graph(NNBuilders):
                 )
             for a in range(first.rank):
                 if a != axis and inf.shape[a] != first.shape[a]:
-                    raise GraphError(
-                        f"concat: operand {i} has shape {inf.shape}, which differs from {first.shape} "
-                        f"off the concat axis {axis}"
-                    )
+                    if self.equate is None or (inf.shape[a].is_fixed and first.shape[a].is_fixed):
+                        raise GraphError(
+                            f"concat: operand {i} has shape {inf.shape}, which differs from "
+                            f"{first.shape} off the concat axis {axis}"
+                        )
+                    self._same(first.shape[a], inf.shape[a], f"concat of {first.shape} and {inf.shape}")
             total = total + inf.shape[axis]
+        if self.equate is not None:
+            like = first.shape
+            xs = [
+                self._conform(x, like.replace(axis, inf.shape[axis]))
+                for x, inf in zip(xs, infos, strict=True)
+            ]
+            infos = [self[x] for x in xs]
         kept = tuple(x for x, inf in zip(xs, infos, strict=True) if inf.shape[axis] != Size(0))
         if len(kept) == 1:
             return kept[0]
@@ -486,6 +676,10 @@ class Graph(NNBuilders):
                 f"conv: invalid stride {stride}, padding {padding}, dilation {dilation} or groups {groups}"
             )
         k_out, c_per_group = wi.shape[0], wi.shape[1]
+        if xi.shape[1] != c_per_group * groups and self.equate is not None:
+            self._same(xi.shape[1], c_per_group * groups, "conv input channels")
+            x = self._conform(x, xi.shape.replace(1, c_per_group * groups))
+            xi = self[x]
         if xi.shape[1] != c_per_group * groups or not Size(groups).divides(k_out):
             raise GraphError(
                 f"conv: input channels {xi.shape[1]} != {groups} groups x {c_per_group} (filter {wi.shape}), "
@@ -495,14 +689,17 @@ class Graph(NNBuilders):
         for i in range(nd):
             k = wi.shape[2 + i].as_int("conv: kernel size")
             c = 2 * padding[i] - dilation[i] * (k - 1) - 1 + stride[i]
-            try:
-                o = (xi.shape[2 + i] + c) // stride[i]
-            except GraphError as e:
-                raise GraphError(
-                    f"conv: output size of spatial axis {i} ({xi.shape[2 + i]}) is not expressible: {e}"
-                ) from None
-            if o.factor <= 0:
+            o = (xi.shape[2 + i] + c) // stride[i]
+            if o.bounds()[1] <= 0:
                 raise GraphError(f"conv: kernel {wi.shape} larger than padded input {xi.shape}")
+            if not o.is_fixed:
+                self.add_guard(
+                    xi.shape[2 + i] + 2 * padding[i],
+                    ">=",
+                    dilation[i] * (k - 1) + 1,
+                    f"conv: spatial axis {i} ({xi.shape[2 + i]}) padded by {padding[i]} must hold "
+                    f"the kernel ({k}, dilation {dilation[i]})",
+                )
             out.append(o)
         details = ConvDetails(stride, padding, dilation, groups)
         return self._push(Shape.from_seq(out), xi.dtype, Conv(x, w, details))
@@ -510,6 +707,13 @@ class Graph(NNBuilders):
     def matmul(self, a: Value, b: Value) -> Value:
         """Batched product [b, m, k] @ [b, k, n] (rank 3, equal batch); see `matmul_nd`."""
         ai, bi = self[a], self[b]
+        if self.equate is not None and ai.rank == 3 and bi.rank == 3:
+            what = f"matmul {ai.shape} @ {bi.shape}"
+            bsz = self._same(ai.shape[0], bi.shape[0], what)
+            k = self._same(ai.shape[2], bi.shape[1], what)
+            a = self._conform(a, Shape.of(bsz, ai.shape[1], k))
+            b = self._conform(b, Shape.of(bsz, k, bi.shape[2]))
+            ai, bi = self[a], self[b]
         if ai.rank != 3 or bi.rank != 3 or ai.shape[0] != bi.shape[0] or ai.shape[2] != bi.shape[1]:
             raise GraphError(f"matmul: expected [b,m,k] @ [b,k,n], found {ai.shape} @ {bi.shape}")
         if ai.dtype != bi.dtype:
@@ -546,6 +750,9 @@ class Graph(NNBuilders):
             raise GraphError(f"bitcast: {info.dtype} and {dtype} differ in size")
         return self._push(info.shape, dtype, Unary(x, UnaryOp.BITCAST))
 
+    def _equate_or_none(self) -> Equate | None:
+        return self._same if self.equate is not None else None
+
     def _operand(self, x: Operand, like: Value) -> Value:
         if isinstance(x, Value):
             return x
@@ -567,7 +774,10 @@ class Graph(NNBuilders):
             raise GraphError(f"{op.value}: expected integer operands, found {dt}")
         if dt.is_bool and not (op.is_logical or op is BinaryOp.EQ):
             raise GraphError(f"{op.value}: not defined on bool operands")
-        shape = broadcast_shapes(ai.shape, bi.shape)
+        shape = broadcast_shapes(ai.shape, bi.shape, equate=self._equate_or_none())
+        if self.equate is not None:
+            a, b = self._conform(a, shape), self._conform(b, shape)
+            ai, bi = self[a], self[b]
         # canonicalise: identities vanish (x+0, x-0, x*1, x/1, x**1, and 0+x, 1*x)
         ident = op.identity
         if ident is not None and ai.shape == shape and self.scalar_value(b) == ident:
@@ -592,7 +802,9 @@ class Graph(NNBuilders):
             raise GraphError(f"select: condition must be bool, found {ci.dtype}")
         if ai.dtype != bi.dtype:
             raise GraphError(f"select: branch dtypes differ ({ai.dtype} and {bi.dtype})")
-        shape = broadcast_shapes(ci.shape, ai.shape, bi.shape)
+        shape = broadcast_shapes(ci.shape, ai.shape, bi.shape, equate=self._equate_or_none())
+        if self.equate is not None:
+            cond, a, b = (self._conform(v, shape) for v in (cond, a, b))
         if a == b:
             return self.broadcast(a, shape)
         c = self.broadcast(cond, shape)
@@ -654,7 +866,7 @@ class Graph(NNBuilders):
                 raise GraphError(
                     f"attention: mask must be {qi.dtype}{Shape.of(b, m, n)} for {shapes}, found {mi.dtype}{mi.shape}"
                 )
-        if causal and m.is_fixed and n.is_fixed and n.factor < m.factor:
+        if causal and m.is_fixed and n.is_fixed and n.as_int() < m.as_int():
             raise GraphError(
                 f"attention: causal with fewer keys than queries ({shapes}) masks whole rows"
             )

@@ -161,10 +161,7 @@ class NNBuilders:
         for axis, (before, after) in enumerate(pads):
             if before < 0 or after < 0:
                 n = self[x].shape[axis]
-                end = n - max(-after, 0) if n.is_fixed else None
-                if end is None and after < 0:
-                    raise GraphError(f"pad: negative padding on symbolic axis {axis}")
-                x = self.slice(x, axis, max(-before, 0), end)
+                x = self.slice(x, axis, max(-before, 0), n - max(-after, 0))
             before, after = max(before, 0), max(after, 0)
             if before == 0 and after == 0:
                 continue
@@ -177,6 +174,8 @@ class NNBuilders:
                 parts.append(x)
                 if after:
                     parts.append(self.full(value, shape.replace(axis, after), info.dtype))
+            elif not n.is_fixed:
+                parts = self._pad_symbolic_axis(x, axis, before, after, mode)
             else:
                 size = n.as_int(f"pad ({mode}): axis {axis} size")
                 if size == 0:
@@ -216,8 +215,16 @@ class NNBuilders:
         sa, sb = self[a].shape, self[b].shape
         m, k, k2, n = sa[-2], sa[-1], sb[-2], sb[-1]
         if k != k2:
-            raise GraphError(f"matmul: inner sizes differ ({ai.shape} @ {bi.shape})")
-        batch = broadcast_batch(Shape(sa.dims[:-2]), Shape(sb.dims[:-2]))
+            if self.equate is None:
+                raise GraphError(f"matmul: inner sizes differ ({ai.shape} @ {bi.shape})")
+            k = self._same(k, k2, f"matmul {ai.shape} @ {bi.shape}")
+            a, b = self._conform(a, sa.replace(-1 + sa.rank, k)), self._conform(b, sb.replace(sb.rank - 2, k))
+            sa, sb = self[a].shape, self[b].shape
+        batch = broadcast_batch(Shape(sa.dims[:-2]), Shape(sb.dims[:-2]), self._equate_or_none())
+        if self.equate is not None:
+            a = self._conform(a, batch + Shape.of(m, k))
+            b = self._conform(b, batch + Shape.of(k, n))
+            sa, sb = self[a].shape, self[b].shape
         b_batch = Shape(sb.dims[:-2]).size()
         if b_batch == Size(1) and sa.rank >= 2:
             # fold a's batch into its rows: one GEMM instead of a batch of them
@@ -246,6 +253,35 @@ class NNBuilders:
         return y if b is None else self.add(y, b)
 
     # -- pooling ----------------------------------------------------------------------------------
+    def _pad_symbolic_axis(
+        self: Graph, x: Value, axis: int, before: int, after: int, mode: str
+    ) -> list[Value]:
+        """Edge / reflect / wrap padding of a symbolic axis from slices (guards: size bounds)."""
+        n = self[x].shape[axis]
+        if mode not in ("edge", "reflect", "wrap"):
+            raise GraphError(f"pad: unknown mode '{mode}'")
+        need = max(before, after) + (1 if mode == "reflect" else 0)
+        self.add_guard(n, ">=", max(need, 1), f"pad ({mode}) by {before, after} of axis {axis}")
+        parts: list[Value] = []
+        if before:
+            if mode == "edge":
+                one = self.slice_raw(x, axis, 0, 1, 1)
+                parts.append(self.broadcast(one, self[one].shape.replace(axis, before)))
+            elif mode == "reflect":
+                parts.append(self.slice_raw(x, axis, before, -1, before))
+            else:
+                parts.append(self.slice_raw(x, axis, n - before, 1, before))
+        parts.append(x)
+        if after:
+            if mode == "edge":
+                one = self.slice_raw(x, axis, n - 1, 1, 1)
+                parts.append(self.broadcast(one, self[one].shape.replace(axis, after)))
+            elif mode == "reflect":
+                parts.append(self.slice_raw(x, axis, n - 2, -1, after))
+            else:
+                parts.append(self.slice_raw(x, axis, 0, 1, after))
+        return parts
+
     def pool(
         self: Graph,
         x: Value,
@@ -272,6 +308,10 @@ class NNBuilders:
         if not len(stride) == len(dilation) == len(pads) == nd:
             raise GraphError("pool: kernel, stride, dilation and pads must have one entry per axis")
         first = info.rank - nd
+        if not all(info.shape[first + i].is_fixed for i in range(nd)):
+            return self._pool_symbolic(
+                x, kind, kernel, stride, pads, dilation, ceil_mode, count_include_pad
+            )
         sizes = [info.shape[first + i].as_int("pool: spatial size") for i in range(nd)]
         outs, extra = [], []
         for i in range(nd):
@@ -325,6 +365,97 @@ class NNBuilders:
         if np.all(counts == counts.flat[0]):
             return self.mul(acc, float(1.0 / counts.flat[0]))
         return self.mul(acc, self.constant((1.0 / np.maximum(counts, 1)).astype(info.dtype.np)))
+
+    def _pool_symbolic(
+        self: Graph,
+        x: Value,
+        kind: Literal["max", "avg"],
+        kernel: Sequence[int],
+        stride: Sequence[int],
+        pads: Sequence[tuple[int, int]],
+        dilation: Sequence[int],
+        ceil_mode: bool,
+        count_include_pad: bool,
+    ) -> Value:
+        """`pool` on symbolic spatial sizes: the same windows, sizes as expressions; the average
+        divides by per-axis counts computed in the graph (a window's count is a product)."""
+        info = self[x]
+        nd = len(kernel)
+        first = info.rank - nd
+        outs: list[Size] = []
+        extra: list[Size] = []
+        for i in range(nd):
+            n, k, s, d = info.shape[first + i], kernel[i], stride[i], dilation[i]
+            pb, pa = pads[i]
+            if k < 1 or s < 1 or d < 1 or pb < 0 or pa < 0:
+                raise GraphError(f"pool: invalid kernel/stride/dilation/pads on axis {i}")
+            span = n + pb + pa - d * (k - 1) - 1
+            self.add_guard(span, ">=", 0, f"pool: axis {i} ({n}) padded must hold the kernel {k}")
+            if ceil_mode:  # the last window must start inside the input or the left padding
+                o = Size.min(span.ceildiv(s) + 1, (n + pb).ceildiv(s))
+            else:
+                o = span // s + 1
+            outs.append(o)
+            extra.append(Size.max(0, (o - 1) * s + d * (k - 1) + 1 - (n + pb + pa)))
+        fill = _lowest(info.dtype) if kind == "max" else 0
+
+        def windows(v: Value, lead: int) -> Value:
+            acc: Value | None = None
+            for offs in np.ndindex(*kernel):
+                win = v
+                for i, o in enumerate(offs):
+                    win = self.slice_raw(win, lead + i, o * dilation[i], stride[i], outs[i])
+                acc = win if acc is None else (
+                    self.maximum(acc, win) if kind == "max" else self.add(acc, win)
+                )
+            assert acc is not None
+            return acc
+
+        padded = self._pad_sizes(
+            x, [(Size(0), Size(0))] * first + [
+                (Size(pb), pa + e) for (pb, pa), e in zip(pads, extra, strict=True)
+            ], fill
+        )
+        acc = windows(padded, first)
+        if kind == "max":
+            return acc
+        plain = all(pb == 0 and pa == 0 for pb, pa in pads) or count_include_pad
+        if plain and all(e == Size(0) for e in extra):
+            return self.mul(acc, float(1.0 / math.prod(kernel)))
+        # counted positions per axis: sum-pool a 1-d indicator of the counted region
+        counts: Value | None = None
+        for i in range(nd):
+            n, (pb, pa) = info.shape[first + i], pads[i]
+            ones = self.full(1.0, Shape.of(n), info.dtype)
+            pad_val = 1.0 if count_include_pad else 0.0
+            ind = self._pad_sizes(ones, [(Size(pb), Size(pa))], pad_val)
+            ind = self._pad_sizes(ind, [(Size(0), extra[i])], 0.0)
+            c: Value | None = None
+            for o in range(kernel[i]):
+                win = self.slice_raw(ind, 0, o * dilation[i], stride[i], outs[i])
+                c = win if c is None else self.add(c, win)
+            assert c is not None
+            c = self.view(c, Shape.of(*([1] * (first + i)), outs[i], *([1] * (nd - i - 1))))
+            counts = c if counts is None else self.mul(counts, c)
+        assert counts is not None
+        return self.div(acc, self.maximum(counts, 1.0))
+
+    def _pad_sizes(
+        self: Graph, x: Value, pads: Sequence[tuple[Size, Size]], value: float | int | bool
+    ) -> Value:
+        """Constant padding by (possibly symbolic) non-negative amounts."""
+        info = self[x]
+        for axis, (before, after) in enumerate(pads):
+            parts: list[Value] = []
+            shape = self[x].shape
+            if before != Size(0):
+                parts.append(self.full(value, shape.replace(axis, before), info.dtype))
+            parts.append(x)
+            if after != Size(0):
+                parts.append(self.full(value, shape.replace(axis, after), info.dtype))
+            if len(parts) > 1:
+                x = self.concat(parts, axis)
+        return x
 
     def global_pool(
         self: Graph, x: Value, kind: Literal["max", "avg"], first_axis: int = 2
@@ -386,7 +517,7 @@ class NNBuilders:
         return self.group_norm(x, c, eps, scale, bias)
 
 
-def broadcast_batch(a: Shape, b: Shape) -> Shape:
+def broadcast_batch(a: Shape, b: Shape, equate: object = None) -> Shape:
     from kn_graph.graph import broadcast_shapes
 
-    return broadcast_shapes(a, b)
+    return broadcast_shapes(a, b, equate=equate)  # type: ignore[arg-type]

@@ -1,10 +1,19 @@
-"""Symbolic sizes and shapes: a dimension is a monomial factor·Π symbolᵉˣᵖ.
+"""Symbolic sizes and shapes: a dimension is an integer expression over named symbols.
 
->>> B = Size.sym("B")
->>> str(Shape.of(2 * B, 64, B * B))
-'[2*B,64,B^2]'
+A `Size` is a polynomial with integer coefficients over *atoms*: symbols (`B`, `height`) and
+the non-polynomial nodes `floordiv`, `min` and `max` (ceil division and mod are expressed with
+them). The form is canonical, so equal sizes compare and hash equal (hash-consing relies on it):
+
+>>> B, h = Size.sym("B"), Size.sym("height")
+>>> str(Shape.of(2 * B, 64, (h + 2 - 3) // 2 + 1))
+'[2*B,64,(height+1)//2]'
+>>> ((h - 1) // 2 + 1) == (h + 1) // 2
+True
 >>> (2 * B * 3).eval({"B": 5})
 30
+
+Whatever the loader assumes that a symbol binding could break (divisibility, non-negative sizes,
+equality of sizes an exporter left distinct) is a `Guard`, checked by `check_guards`.
 """
 
 from __future__ import annotations
@@ -12,33 +21,94 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Union
 
 from kn_graph.errors import GraphError, ShapeMismatchError
 
-__all__ = ["BATCH", "Shape", "Size", "SizeLike", "infer_symbols"]
+__all__ = ["BATCH", "Guard", "Shape", "Size", "SizeLike", "check_guards", "infer_symbols"]
 
 BATCH = "B"
 """The conventional name of the batch-size symbol."""
 
+_INF = math.inf
+
 
 @dataclass(frozen=True, slots=True)
+class _Node:
+    """A non-polynomial atom: `floordiv(a, b)` (b > 0 by construction when fixed), `min(...)`,
+    `max(...)` over canonical, sorted arguments."""
+
+    kind: str
+    args: tuple[Size, ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}({','.join(a.key for a in self.args)})"
+
+
+Atom = Union[str, _Node]
+Mono = tuple[tuple[Atom, int], ...]
+
+
+def _atom_key(a: Atom) -> tuple[int, str]:
+    return (0, a) if isinstance(a, str) else (1, a.key)
+
+
+def _mono_key(m: Mono) -> tuple[object, ...]:
+    return tuple((_atom_key(a), e) for a, e in m)
+
+
+def _mono_mul(a: Mono, b: Mono) -> Mono:
+    if not a:
+        return b
+    if not b:
+        return a
+    exps: dict[Atom, int] = dict(a)
+    for s, e in b:
+        exps[s] = exps.get(s, 0) + e
+    return tuple(sorted(exps.items(), key=lambda t: _atom_key(t[0])))
+
+
+def _mono_div(a: Mono, b: Mono) -> Mono | None:
+    """a / b as a monomial, or None when b does not divide a."""
+    exps: dict[Atom, int] = dict(a)
+    for s, e in b:
+        if exps.get(s, 0) < e:
+            return None
+        exps[s] -= e
+    return tuple(sorted(((s, e) for s, e in exps.items() if e), key=lambda t: _atom_key(t[0])))
+
+
 class Size:
-    """A monomial `factor * prod(symbol ** exp)`; `terms` is sorted by symbol, exps > 0."""
+    """An integer expression; immutable, hashable, canonical. Build with `Size(3)`,
+    `Size.sym("B")` and arithmetic (`+ - * // %`, `Size.ceildiv`, `Size.min`, `Size.max`)."""
 
-    factor: int
-    terms: tuple[tuple[str, int], ...] = ()
+    __slots__ = ("_hash", "_key", "_lo", "_hi", "terms")
+    terms: tuple[tuple[Mono, int], ...]
 
-    def __post_init__(self) -> None:
-        # canonical form, so equal sizes compare and hash equal (hash-consing relies on it)
-        if self.factor == 0 and self.terms:
-            object.__setattr__(self, "terms", ())
-        elif self.terms and (
-            any(e <= 0 for _, e in self.terms) or list(self.terms) != sorted(self.terms)
-        ):
-            merged: dict[str, int] = {}
-            for s, e in self.terms:
-                merged[s] = merged.get(s, 0) + e
-            object.__setattr__(self, "terms", tuple(sorted((s, e) for s, e in merged.items() if e)))
+    def __init__(self, value: int = 0, terms: tuple[tuple[Mono, int], ...] | None = None) -> None:
+        if terms is None:
+            value = int(value)
+            terms = (((), value),) if value else ()
+        object.__setattr__(self, "terms", terms)
+        object.__setattr__(self, "_hash", None)
+        object.__setattr__(self, "_key", None)
+        object.__setattr__(self, "_lo", None)
+        object.__setattr__(self, "_hi", None)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Size is immutable")
+
+    @staticmethod
+    def _of_dict(d: Mapping[Mono, int]) -> Size:
+        items = [(m, c) for m, c in d.items() if c]
+        if len(items) > 1:
+            items.sort(key=lambda t: _mono_key(t[0]))
+        return Size(0, tuple(items))
+
+    @staticmethod
+    def _atom(a: Atom) -> Size:
+        return Size(0, ((((a, 1),), 1),))
 
     @staticmethod
     def fixed(n: int) -> Size:
@@ -52,7 +122,7 @@ class Size:
             raise GraphError(
                 f"the exponent of size symbol '{name}' must be a positive int, found {exp!r}"
             )
-        return Size(1, ((name, exp),))
+        return Size(0, ((((name, exp),), 1),))
 
     @staticmethod
     def of(x: SizeLike) -> Size:
@@ -65,118 +135,234 @@ class Size:
     # -- queries -------------------------------------------------------------------------------
     @property
     def is_fixed(self) -> bool:
-        return not self.terms or self.factor == 0
-
-    @property
-    def symbols(self) -> frozenset[str]:
-        return frozenset(s for s, _ in self.terms)
+        t = self.terms
+        return not t or (len(t) == 1 and not t[0][0])
 
     def fixed_value(self) -> int | None:
         """The integer value when the size has no symbols, else None."""
-        return self.factor if self.is_fixed else None
+        t = self.terms
+        if not t:
+            return 0
+        if len(t) == 1 and not t[0][0]:
+            return t[0][1]
+        return None
 
     def as_int(self, what: str = "size") -> int:
-        if not self.is_fixed:
+        v = self.fixed_value()
+        if v is None:
             raise GraphError(f"{what} must be a fixed number, found symbolic size {self}")
-        return self.factor
+        return v
+
+    @property
+    def symbol(self) -> str | None:
+        """The name when the size is one plain symbol (`seq`), else None."""
+        t = self.terms
+        if len(t) == 1 and t[0][1] == 1 and len(t[0][0]) == 1:
+            a, e = t[0][0][0]
+            if e == 1 and isinstance(a, str):
+                return a
+        return None
+
+    @property
+    def symbols(self) -> frozenset[str]:
+        out: set[str] = set()
+        for m, _ in self.terms:
+            for a, _ in m:
+                if isinstance(a, str):
+                    out.add(a)
+                else:
+                    for x in a.args:
+                        out |= x.symbols
+        return frozenset(out)
+
+    @property
+    def key(self) -> str:
+        """A canonical text used to order atoms (not for display)."""
+        k = self._key
+        if k is None:
+            k = "+".join(
+                f"{c}*" + "*".join(f"{_atom_key(a)[1]}^{e}" for a, e in m) for m, c in self.terms
+            )
+            object.__setattr__(self, "_key", k)
+        return k
 
     def eval(self, bindings: Mapping[str, int]) -> int:
-        out = self.factor
-        for s, e in self.terms:
-            if s not in bindings:
-                raise ShapeMismatchError(f"no value for size symbol '{s}' (in size {self})")
-            out *= bindings[s] ** e
+        out = 0
+        for m, c in self.terms:
+            p = c
+            for a, e in m:
+                p *= _eval_atom(a, bindings, self) ** e
+            out += p
         return out
 
-    # -- arithmetic ----------------------------------------------------------------------------
-    def _norm(self) -> Size:
-        return Size(0) if self.factor == 0 else self
-
-    def __add__(self, other: SizeLike) -> Size:
-        o = Size.of(other)
-        if o.factor == 0:
+    def subs(self, mapping: Mapping[str, SizeLike]) -> Size:
+        """Substitute symbols by sizes (partial binding: the others stay)."""
+        if not mapping or not (self.symbols & mapping.keys()):
             return self
-        if self.factor == 0:
+        out = Size(0)
+        for m, c in self.terms:
+            p = Size(c)
+            for a, e in m:
+                x = _subs_atom(a, mapping)
+                for _ in range(e):
+                    p = p * x
+            out = out + p
+        return out
+
+    # -- bounds --------------------------------------------------------------------------------
+    def bounds(self) -> tuple[float, float]:
+        """An interval [lo, hi] containing every value (symbols are >= 0); ints or ±inf."""
+        if self._lo is None:
+            lo, hi = _interval(self)
+            object.__setattr__(self, "_lo", lo)
+            object.__setattr__(self, "_hi", hi)
+        return self._lo, self._hi  # type: ignore[return-value]
+
+    def provably_nonneg(self) -> bool:
+        """True when the size is >= 0 for every binding of its symbols (symbols >= 0)."""
+        if self.bounds()[0] >= 0:
+            return True
+        return _refined_nonneg(self, 2)
+
+    # -- arithmetic ----------------------------------------------------------------------------
+    def __add__(self, other: SizeLike) -> Size:
+        o = other if isinstance(other, Size) else Size.of(other)
+        if not o.terms:
+            return self
+        if not self.terms:
             return o
-        if self.terms != o.terms:
-            raise GraphError(f"cannot add sizes {self} and {o}: not the same monomial")
-        return Size(self.factor + o.factor, self.terms)._norm()
+        d = dict(self.terms)
+        for m, c in o.terms:
+            d[m] = d.get(m, 0) + c
+        return Size._of_dict(d)
 
     __radd__ = __add__
 
     def __neg__(self) -> Size:
-        return Size(-self.factor, self.terms)._norm()
+        return Size(0, tuple((m, -c) for m, c in self.terms))
 
     def __sub__(self, other: SizeLike) -> Size:
-        return self + (-Size.of(other))
+        o = other if isinstance(other, Size) else Size.of(other)
+        return self + (-o)
 
     def __rsub__(self, other: SizeLike) -> Size:
         return Size.of(other) - self
 
     def __mul__(self, other: SizeLike) -> Size:
-        o = Size.of(other)
-        if self.factor == 0 or o.factor == 0:
+        o = other if isinstance(other, Size) else Size.of(other)
+        if not self.terms or not o.terms:
             return Size(0)
-        exps = dict(self.terms)
-        for s, e in o.terms:
-            exps[s] = exps.get(s, 0) + e
-        return Size(self.factor * o.factor, tuple(sorted(exps.items())))
+        a, b = self.fixed_value(), o.fixed_value()
+        if a == 1:
+            return o
+        if b == 1:
+            return self
+        if b is not None:
+            return Size(0, tuple((m, c * b) for m, c in self.terms))
+        if a is not None:
+            return Size(0, tuple((m, c * a) for m, c in o.terms))
+        d: dict[Mono, int] = {}
+        for m1, c1 in self.terms:
+            for m2, c2 in o.terms:
+                m = _mono_mul(m1, m2)
+                d[m] = d.get(m, 0) + c1 * c2
+        return Size._of_dict(d)
 
     __rmul__ = __mul__
 
     def __floordiv__(self, other: SizeLike) -> Size:
-        """Exact division for symbolic sizes; floor division when both are fixed numbers."""
-        o = Size.of(other)
-        if o.factor == 0:
+        """Floor division (exact where the algebra can tell; else a `floordiv` atom)."""
+        o = other if isinstance(other, Size) else Size.of(other)
+        c = o.fixed_value()
+        if c == 0:
             raise GraphError(f"division of size {self} by zero")
-        if self.is_fixed and o.is_fixed:
-            return Size(self.factor // o.factor)
-        if self.factor == 0:
+        if c is not None:
+            return _floordiv_const(self, c)
+        if not self.terms:
             return Size(0)
-        exps = dict(self.terms)
-        for s, e in o.terms:
-            if exps.get(s, 0) < e:
-                raise GraphError(f"size {self} is not divisible by {o}")
-            exps[s] -= e
-        if self.factor % o.factor:
-            raise GraphError(f"size {self} is not divisible by {o}")
-        return Size(self.factor // o.factor, tuple(sorted((s, e) for s, e in exps.items() if e)))
+        q = _exact_div(self, o)
+        if q is not None:
+            return q
+        return Size._atom(_Node("floordiv", (self, o)))
 
     def __rfloordiv__(self, other: SizeLike) -> Size:
         return Size.of(other) // self
 
     def __mod__(self, other: SizeLike) -> Size:
+        """Python's mod (the sign of the divisor): `a - b * (a // b)`."""
         o = Size.of(other)
-        if o.is_fixed and o.factor != 0:
-            if self.is_fixed:
-                return Size(self.factor % o.factor)
-            if self.factor % o.factor == 0:
-                return Size(0)
-        raise GraphError(f"cannot compute {self} mod {o} for every value of its symbols")
+        return self - o * (self // o)
+
+    def ceildiv(self, other: SizeLike) -> Size:
+        """Ceiling division, `-(-a // b)`; `(a + c - 1) // c` for a positive constant c."""
+        o = Size.of(other)
+        c = o.fixed_value()
+        if c is not None and c > 0:
+            return (self + (c - 1)) // c
+        return -((-self) // o)
+
+    @staticmethod
+    def min(*xs: SizeLike) -> Size:
+        return _minmax("min", [Size.of(x) for x in xs])
+
+    @staticmethod
+    def max(*xs: SizeLike) -> Size:
+        return _minmax("max", [Size.of(x) for x in xs])
 
     def divides(self, other: Size) -> bool:
         """Whether `other` is an exact multiple of `self` for every value of the symbols."""
-        if self.factor == 0:
+        c = self.fixed_value()
+        if c == 0:
             return False
-        if self.is_fixed and other.is_fixed:
-            return other.factor % self.factor == 0
-        try:
-            other // self
-        except GraphError:
-            return False
-        return True
+        if c is not None:
+            return all(k % c == 0 for _, k in other.terms)
+        return _exact_div(other, self) is not None
+
+    # -- identity ------------------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Size):
+            return self is other or self.terms == other.terms
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = hash(self.terms)
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Size, (0, self.terms))
 
     # -- printing ------------------------------------------------------------------------------
     def __str__(self) -> str:
         if self.is_fixed:
-            return str(self.factor)
-        parts = [s if e == 1 else f"{s}^{e}" for s, e in self.terms]
-        if self.factor != 1:
-            parts.insert(0, str(self.factor))
-        return "*".join(parts)
+            return str(self.fixed_value())
+        parts: list[str] = []
+        const = 0
+        for m, c in self.terms:
+            if not m:
+                const = c
+                continue
+            body = _fmt_mono(m, with_coef=abs(c) != 1)
+            text = body if abs(c) == 1 else f"{abs(c)}*{body}"
+            parts.append(("-" if c < 0 else "+") + text)
+        if const:
+            parts.append(f"{const:+d}")
+        s = "".join(parts)
+        return s[1:] if s.startswith("+") else s
 
     def __repr__(self) -> str:
         return f"Size({self})"
+
+    def _is_atomic_text(self) -> bool:
+        """Whether str(self) needs no parentheses as an operand of * or //."""
+        if self.is_fixed:
+            return (self.fixed_value() or 0) >= 0
+        if len(self.terms) != 1:
+            return False
+        m, c = self.terms[0]
+        return c == 1 and len(m) == 1 and (isinstance(m[0][0], str) or m[0][0].kind != "floordiv")
 
 
 SizeLike = Size | int
@@ -188,6 +374,236 @@ def _np_integer() -> type:
     return np.integer
 
 
+def _paren(x: Size) -> str:
+    return str(x) if x._is_atomic_text() else f"({x})"
+
+
+def _fmt_atom(a: Atom) -> str:
+    if isinstance(a, str):
+        return a
+    if a.kind == "floordiv":
+        return f"{_paren(a.args[0])}//{_paren(a.args[1])}"
+    return f"{a.kind}({','.join(str(x) for x in a.args)})"
+
+
+def _fmt_mono(m: Mono, with_coef: bool) -> str:
+    parts = []
+    for a, e in m:
+        t = _fmt_atom(a)
+        if not isinstance(a, str) and a.kind == "floordiv" and (len(m) > 1 or with_coef or e > 1):
+            t = f"({t})"
+        parts.append(t if e == 1 else f"{t}^{e}")
+    return "*".join(parts)
+
+
+def _eval_atom(a: Atom, bindings: Mapping[str, int], whole: Size) -> int:
+    if isinstance(a, str):
+        v = bindings.get(a)
+        if v is None:
+            raise ShapeMismatchError(f"no value for size symbol '{a}' (in size {whole})")
+        return int(v)
+    vals = [x.eval(bindings) for x in a.args]
+    if a.kind == "floordiv":
+        if vals[1] == 0:
+            raise ShapeMismatchError(f"size {whole}: division by zero (with {dict(bindings)})")
+        return vals[0] // vals[1]
+    return min(vals) if a.kind == "min" else max(vals)
+
+
+def _subs_atom(a: Atom, mapping: Mapping[str, SizeLike]) -> Size:
+    if isinstance(a, str):
+        return Size.of(mapping[a]) if a in mapping else Size._atom(a)
+    args = [x.subs(mapping) for x in a.args]
+    if a.kind == "floordiv":
+        return args[0] // args[1]
+    return _minmax(a.kind, args)
+
+
+# -- division ---------------------------------------------------------------------------------------
+def _floordiv_const(a: Size, c: int) -> Size:
+    if c < 0:
+        a, c = -a, -c
+    if c == 1 or not a.terms:
+        return a
+    v = a.fixed_value()
+    if v is not None:
+        return Size(v // c)
+    # (c·q + r) // c = q + r // c for integer q: keep the multiples of c outside
+    quot: dict[Mono, int] = {}
+    rem: dict[Mono, int] = {}
+    for m, k in a.terms:
+        q, r = divmod(k, c)
+        if q:
+            quot[m] = q
+        if r:
+            rem[m] = r
+    out = Size._of_dict(quot)
+    if not rem:
+        return out
+    r_size = Size._of_dict(rem)
+    rv = r_size.fixed_value()
+    if rv is not None:
+        return out + rv // c
+    g = math.gcd(c, *rem.values())
+    if g > 1:
+        r_size = Size._of_dict({m: k // g for m, k in rem.items()})
+        c //= g
+    # floor((floor(x / d) + p) / c) = floor((x + d·p) / (d·c)) for a polynomial p
+    nested = [
+        (m, k)
+        for m, k in r_size.terms
+        if k == 1
+        and len(m) == 1
+        and m[0][1] == 1
+        and isinstance(m[0][0], _Node)
+        and m[0][0].kind == "floordiv"
+        and (m[0][0].args[1].fixed_value() or 0) > 0
+    ]
+    if len(nested) == 1:
+        node = nested[0][0][0][0]
+        assert isinstance(node, _Node)
+        d = node.args[1].as_int()
+        p = r_size - Size._atom(node)
+        if all(not isinstance(a, _Node) for m, _ in p.terms for a, _ in m):
+            return out + _floordiv_const(node.args[0] + p * d, d * c)
+    lo, hi = r_size.bounds()
+    if 0 <= lo and hi < c:
+        return out
+    return out + Size._atom(_Node("floordiv", (r_size, Size(c))))
+
+
+def _leading(x: Size) -> tuple[Mono, int]:
+    return max(x.terms, key=lambda t: (sum(e for _, e in t[0]), _mono_key(t[0])))
+
+
+def _exact_div(a: Size, b: Size) -> Size | None:
+    """a / b when b divides a as polynomials (multivariate division by leading terms)."""
+    if not b.terms:
+        return None
+    lm_b, lc_b = _leading(b)
+    q = Size(0)
+    r = a
+    for _ in range(64):
+        if not r.terms:
+            return q
+        lm_r, lc_r = _leading(r)
+        m = _mono_div(lm_r, lm_b)
+        if m is None or lc_r % lc_b:
+            return None
+        t = Size(0, ((m, lc_r // lc_b),))
+        q = q + t
+        r = r - t * b
+    return None
+
+
+# -- min / max --------------------------------------------------------------------------------------
+def _minmax(kind: str, xs: list[Size]) -> Size:
+    flat: list[Size] = []
+    for x in xs:
+        t = x.terms
+        if len(t) == 1 and t[0][1] == 1 and len(t[0][0]) == 1 and t[0][0][0][1] == 1:
+            a = t[0][0][0][0]
+            if isinstance(a, _Node) and a.kind == kind:
+                flat.extend(a.args)
+                continue
+        flat.append(x)
+    if not flat:
+        raise GraphError(f"{kind} of no sizes")
+    kept: list[Size] = []
+    for x in flat:
+        if any(x == y for y in kept):
+            continue
+        # for min, drop x when some kept y <= x; drop kept ys that are >= x
+        sign = 1 if kind == "min" else -1
+        if any((sign * (x - y)).provably_nonneg() for y in kept):
+            continue
+        kept = [y for y in kept if not (sign * (y - x)).provably_nonneg()]
+        kept.append(x)
+    if len(kept) == 1:
+        return kept[0]
+    kept.sort(key=lambda s: s.key)
+    return Size._atom(_Node(kind, tuple(kept)))
+
+
+# -- bounds -----------------------------------------------------------------------------------------
+def _mul_iv(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    def m(x: float, y: float) -> float:
+        return 0 if x == 0 or y == 0 else x * y
+
+    ps = [m(a[0], b[0]), m(a[0], b[1]), m(a[1], b[0]), m(a[1], b[1])]
+    return min(ps), max(ps)
+
+
+def _atom_iv(a: Atom) -> tuple[float, float]:
+    if isinstance(a, str):
+        return (0, _INF)
+    ivs = [x.bounds() for x in a.args]
+    if a.kind == "min":
+        return min(i[0] for i in ivs), min(i[1] for i in ivs)
+    if a.kind == "max":
+        return max(i[0] for i in ivs), max(i[1] for i in ivs)
+    (lo, hi), (dlo, dhi) = ivs
+    if dlo >= 1 and dlo == dhi:
+        f = lambda v: v if v in (_INF, -_INF) else v // dlo  # noqa: E731
+        return f(lo), f(hi)
+    if lo >= 0 and dlo >= 1:
+        return 0, hi
+    return -_INF, _INF
+
+
+def _interval(x: Size) -> tuple[float, float]:
+    lo: float = 0
+    hi: float = 0
+    for m, c in x.terms:
+        iv: tuple[float, float] = (1, 1)
+        for a, e in m:
+            ai = _atom_iv(a)
+            for _ in range(e):
+                iv = _mul_iv(iv, ai)
+        t = _mul_iv(iv, (c, c))
+        lo += t[0]
+        hi += t[1]
+    return lo, hi
+
+
+def _refined_nonneg(x: Size, depth: int) -> bool:
+    """Prove x >= 0 by replacing each linear `floordiv(r, c)` term by its bound:
+    c·(r // c) >= r - c + 1 where the coefficient is positive, <= r where it is negative."""
+    if depth == 0:
+        return False
+    divs = []
+    for m, _ in x.terms:
+        if len(m) == 1 and m[0][1] == 1 and isinstance(m[0][0], _Node):
+            node = m[0][0]
+            d = node.args[1].fixed_value() if node.kind == "floordiv" else None
+            if d is not None and d > 0:
+                divs.append(d)
+    for i, (m, c) in enumerate(x.terms):  # min(a, b) <= a, b and max(a, b) >= a, b
+        node = m[0][0] if len(m) == 1 and m[0][1] == 1 else None
+        if isinstance(node, _Node) and node.kind == ("min" if c < 0 else "max"):
+            rest = Size(0, x.terms[:i] + x.terms[i + 1 :])
+            if any((rest + arg * c).provably_nonneg() for arg in node.args):
+                return True
+    if not divs:
+        return False
+    lcm = math.lcm(*divs)
+    out = Size(0)
+    for m, c in x.terms:
+        node = m[0][0] if len(m) == 1 and m[0][1] == 1 else None
+        if isinstance(node, _Node) and node.kind == "floordiv":
+            d = node.args[1].fixed_value()
+            if d is not None and d > 0:
+                r = node.args[0]
+                bound = r - d + 1 if c > 0 else r
+                out = out + bound * (c * (lcm // d))
+                continue
+        out = out + Size(0, ((m, c * lcm),))
+    if out.bounds()[0] >= 0:
+        return True
+    return _refined_nonneg(out, depth - 1)
+
+
+# -- shapes -----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Shape:
     """A tuple of `Size`s. Iterable, indexable, hashable; `str` prints `[B,3,224,224]`."""
@@ -227,6 +643,9 @@ class Shape:
     def eval(self, bindings: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(d.eval(bindings) for d in self.dims)
 
+    def subs(self, mapping: Mapping[str, SizeLike]) -> Shape:
+        return Shape(tuple(d.subs(mapping) for d in self.dims))
+
     def replace(self, axis: int, size: SizeLike) -> Shape:
         dims = list(self.dims)
         dims[axis] = Size.of(size)
@@ -259,6 +678,70 @@ class Shape:
         return f"Shape{self}"
 
 
+# -- guards -----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """An assumption about the symbols: `lhs == rhs` or `lhs >= rhs`, made at `where` because
+    of `what` (for the error message)."""
+
+    lhs: Size
+    rel: str
+    rhs: Size
+    where: str = ""
+    what: str = ""
+
+    def holds(self, bindings: Mapping[str, int]) -> bool:
+        a, b = self.lhs.eval(bindings), self.rhs.eval(bindings)
+        return a == b if self.rel == "==" else a >= b
+
+    def __str__(self) -> str:
+        return f"{self.lhs} {self.rel} {self.rhs}"
+
+    @staticmethod
+    def make(lhs: SizeLike, rel: str, rhs: SizeLike, where: str = "", what: str = "") -> Guard:
+        """A guard, or GraphError when it is false for every binding."""
+        lhs, rhs = Size.of(lhs), Size.of(rhs)
+        d = lhs - rhs
+        v = d.fixed_value()
+        if v is not None and not (v == 0 if rel == "==" else v >= 0):
+            raise GraphError(f"{where + ': ' if where else ''}{what} requires {lhs} {rel} {rhs}")
+        return Guard(lhs, rel, rhs, where, what)
+
+    @property
+    def trivial(self) -> bool:
+        """Provably true for every binding."""
+        d = self.lhs - self.rhs
+        return not d.terms if self.rel == "==" else d.provably_nonneg()
+
+
+def check_guards(
+    guards: Sequence[Guard],
+    bindings: Mapping[str, int],
+    origins: Mapping[str, str] | None = None,
+) -> None:
+    """Raise ShapeMismatchError for the first guard the bindings violate; `origins` says where a
+    symbol comes from (`"input 'x', axis 2"`)."""
+    for gd in guards:
+        try:
+            ok = gd.holds(bindings)
+        except ShapeMismatchError as e:
+            raise ShapeMismatchError(f"{gd.where}: {gd.what}: {e}") from None
+        if ok:
+            continue
+        syms = sorted(gd.lhs.symbols | gd.rhs.symbols)
+        given = ", ".join(
+            f"{s}={bindings[s]}" + (f" ({origins[s]})" if origins and s in origins else "")
+            for s in syms
+            if s in bindings
+        )
+        raise ShapeMismatchError(
+            f"{gd.where + ': ' if gd.where else ''}{gd.what or 'shape condition'} requires "
+            f"{gd}, but with {given} it is {gd.lhs.eval(bindings)} {gd.rel} "
+            f"{gd.rhs.eval(bindings)}"
+        )
+
+
+# -- solving ----------------------------------------------------------------------------------------
 def _integer_root(value: int, exp: int) -> int | None:
     if value < 0:
         return None
@@ -267,6 +750,30 @@ def _integer_root(value: int, exp: int) -> int | None:
         if c >= 0 and c**exp == value:
             return c
     return None
+
+
+def _solve(d: Size, a: int, bindings: Mapping[str, int]) -> tuple[str, int | None] | None:
+    """The one unbound symbol of `d` and its value from d == a, when `d` is linear or a pure
+    power in it (None for the value when no integer satisfies it); None when not solvable here."""
+    unknown = [s for s in d.symbols if s not in bindings]
+    if len(unknown) != 1:
+        return None
+    sym = unknown[0]
+    part = d.subs({s: v for s, v in bindings.items() if s in d.symbols})
+    const, coef, exp = 0, 0, 0
+    for m, c in part.terms:
+        if not m:
+            const = c
+        elif len(m) == 1 and m[0][0] == sym and (exp in (0, m[0][1])):
+            coef, exp = c, m[0][1]
+        else:
+            return None
+    if coef == 0:  # B*S with B = 0 says nothing about S (another dim may), unless a != 0
+        return None if a == const else (sym, None)
+    rest = a - const
+    if rest % coef:
+        return sym, None
+    return sym, _integer_root(rest // coef, exp)
 
 
 def infer_symbols(
@@ -280,8 +787,8 @@ def infer_symbols(
     `names` label the inputs in error messages; `known` pre-binds symbols (e.g. a given batch size).
 
     >>> B, S = Size.sym("B"), Size.sym("S")
-    >>> infer_symbols([Shape.of(B, S, 8), Shape.of(2 * B)], [(3, 7, 8), (6,)])
-    {'B': 3, 'S': 7}
+    >>> infer_symbols([Shape.of(B, S + 1, 8), Shape.of(2 * B)], [(3, 7, 8), (6,)])
+    {'B': 3, 'S': 6}
     """
     labels = list(names) if names is not None else [f"input {i}" for i in range(len(expected))]
     if len(expected) != len(actual):
@@ -297,35 +804,38 @@ def infer_symbols(
         (label, axis, d, int(a))
         for label, exp, act in zip(labels, expected, actual, strict=True)
         for axis, (d, a) in enumerate(zip(exp.dims, act, strict=True))
+        if not d.is_fixed
     ]
     progress = True
     while progress:
         progress = False
         for label, axis, d, a in pending:
-            unknown = [(s, e) for s, e in d.terms if s not in bindings]
-            if len(unknown) != 1 or d.factor == 0:
+            solved = _solve(d, a, bindings)
+            if solved is None:
                 continue
-            sym, e = unknown[0]
-            rest = d.factor * math.prod(bindings[s] ** x for s, x in d.terms if s != sym)
-            if rest == 0 and a == 0:
-                continue  # e.g. B*S with B = 0 says nothing about S: another dim may
-            if rest == 0 or a % rest != 0 or (root := _integer_root(a // rest, e)) is None:
+            sym, value = solved
+            if value is None:
                 raise ShapeMismatchError(
                     f"{label}, axis {axis}: expected size {d}, found {a}, which no value of "
                     f"'{sym}' satisfies"
                 )
-            bindings[sym] = root
+            bindings[sym] = value
             progress = True
-    for label, axis, d, a in pending:
-        missing = [s for s in sorted(d.symbols) if s not in bindings]
-        if missing:
-            raise ShapeMismatchError(
-                f"{label}, axis {axis}: cannot determine symbol(s) {', '.join(missing)} of size {d}"
-            )
-        if d.eval(bindings) != a:
-            given = ", ".join(f"{k}={v}" for k, v in sorted(bindings.items()))
-            raise ShapeMismatchError(
-                f"{label}, axis {axis}: expected size {d} = {d.eval(bindings)} (with {given}), "
-                f"found {a}"
-            )
+    for label, exp, act in zip(labels, expected, actual, strict=True):
+        for axis, (d, a) in enumerate(zip(exp.dims, act, strict=True)):
+            missing = [s for s in sorted(d.symbols) if s not in bindings]
+            if missing:
+                raise ShapeMismatchError(
+                    f"{label}, axis {axis}: cannot determine symbol(s) {', '.join(missing)} of "
+                    f"size {d}"
+                )
+            v = d.eval(bindings)
+            if v != a:
+                given = ", ".join(f"{k}={v}" for k, v in sorted(bindings.items()))
+                raise ShapeMismatchError(
+                    f"{label}, axis {axis}: expected size {d} = {v} (with {given}), found {a}"
+                )
+    for s, v in bindings.items():
+        if v < 0:
+            raise ShapeMismatchError(f"size symbol '{s}' would be {v}, which is negative")
     return bindings

@@ -106,13 +106,7 @@ def _op_name(info: ValueInfo) -> str:
 
 def _bind_size(d: Size, bindings: Mapping[str, int]) -> Size:
     """Substitute the bound symbols, keep the others (2*B*seq with B=4 is 8*seq)."""
-    factor, terms = d.factor, []
-    for s, e in d.terms:
-        if s in bindings:
-            factor *= bindings[s] ** e
-        else:
-            terms.append((s, e))
-    return Size(factor, tuple(terms)) if factor else Size(0)
+    return d.subs(bindings)
 
 
 def _fmt_shape(shape: Shape, bindings: Mapping[str, int]) -> str:

@@ -61,12 +61,29 @@ class Device:
         return Device.cpu()
 
     def prepare(
-        self, graph: Graph, batch_size: int | None = None, *, settings: Any = None
+        self, graph: Any, batch_size: int | None = None, *, settings: Any = None
     ) -> PreparedGraph:
         """Bind a graph to this device. With `batch_size=None` symbols are inferred per call.
+        `graph` may also be what `load_onnx` takes (a path, bytes, an `onnx.ModelProto`) or a
+        `ValueSpecializedModel` (shapes decided by input values: one graph per distinct value).
         On CUDA, `settings` is a `kn_cuda_eval.device.ExecutorSettings` (None: the defaults)."""
         if batch_size is not None and batch_size < 0:
             raise ShapeMismatchError(f"batch size must be >= 0, found {batch_size}")
+        from kn_graph.onnx import ValueSpecializedModel, load_onnx
+
+        if not isinstance(graph, Graph | ValueSpecializedModel):
+            import os
+
+            import onnx
+
+            if not isinstance(graph, str | bytes | os.PathLike | onnx.ModelProto):
+                raise InputMismatchError(
+                    f"prepare: expected a Graph, a ValueSpecializedModel or an ONNX model "
+                    f"(path, bytes, ModelProto), found {type(graph).__name__}"
+                )
+            graph = load_onnx(graph)
+        if isinstance(graph, ValueSpecializedModel):
+            return SpecializingPreparedGraph(graph, self, batch_size, settings)
         if self.kind == "cuda":
             return CudaPreparedGraph(graph, self, batch_size, settings)
         return PreparedGraph(graph, self, batch_size)
@@ -191,12 +208,14 @@ class CudaPreparedGraph(PreparedGraph):
             shapes.append(tuple(int(d) for d in a.shape))
         known = {BATCH: int(self.batch_size)} if self.batch_size is not None else None
         try:
-            return infer_symbols(
+            bindings = infer_symbols(
                 [self.graph[v].shape for v in self.graph.inputs],
                 shapes,
                 [f"input '{n}'" for n in names],
                 known,
             )
+            self.graph.check_bindings(bindings)
+            return bindings
         except InputMismatchError:
             raise
         except ShapeMismatchError as e:
@@ -208,6 +227,68 @@ class CudaPreparedGraph(PreparedGraph):
 
     def profile(self, inputs: Inputs) -> Any:
         return self.executor(self._bindings(inputs)).profile(inputs)
+
+
+class SpecializingPreparedGraph(PreparedGraph):
+    """A `ValueSpecializedModel` on a device: per call, the values of the shape-deciding inputs
+    pick (or load, once) a graph in which they are constants; that graph is prepared on the
+    device and evaluated with the other inputs. Cached per distinct value."""
+
+    def __init__(
+        self, model: Any, device: Device, batch_size: int | None, settings: Any
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.batch_size = batch_size
+        self.settings = settings
+        self._prepared: dict[int, PreparedGraph] = {}
+
+    @property
+    def graph(self) -> Graph:  # type: ignore[override]
+        raise KnError(
+            f"this model's shapes depend on the values of {self.model.value_inputs}: "
+            "there is one graph per value (model.specialize(values))"
+        )
+
+    def _split(self, inputs: Inputs) -> tuple[PreparedGraph, dict[str, Any]]:
+        names = self.model.input_names
+        if isinstance(inputs, Mapping):
+            missing = [n for n in names if n not in inputs]
+            extra = [n for n in inputs if n not in names]
+            if missing or extra:
+                raise InputMismatchError(
+                    f"inputs by name: missing {missing}, unexpected {extra}; the model takes {names}"
+                )
+            by_name = dict(inputs)
+        else:
+            arrays = list(inputs)
+            if len(arrays) != len(names):
+                raise InputMismatchError(
+                    f"expected {len(names)} inputs ({', '.join(names)}), found {len(arrays)}"
+                )
+            by_name = dict(zip(names, arrays, strict=True))
+        graph = self.model.specialize({k: np.asarray(v) for k, v in by_name.items()})
+        prepared = self._prepared.get(id(graph))
+        if prepared is None:
+            prepared = self.device.prepare(graph, self.batch_size, settings=self.settings)
+            self._prepared[id(graph)] = prepared
+        rest = {n: by_name[n] for n in graph.input_names}
+        return prepared, rest
+
+    def eval(self, inputs: Inputs) -> list[np.ndarray]:
+        prepared, rest = self._split(inputs)
+        return prepared.eval(rest)
+
+    def profile(self, inputs: Inputs) -> Any:
+        prepared, rest = self._split(inputs)
+        return prepared.profile(rest)
+
+    def check_inputs(self, inputs: Inputs) -> dict[str, int]:
+        prepared, rest = self._split(inputs)
+        return prepared.check_inputs(rest)
+
+    def __repr__(self) -> str:
+        return f"<SpecializingPreparedGraph on {self.device}, {self.model!r}>"
 
 
 def _np_dtype(dt: Any) -> np.dtype | None:

@@ -10,7 +10,18 @@ import pytest
 import kn_graph.cpu
 import kn_graph.graph
 import kn_graph.shape
-from kn_graph import BinaryOp, DType, Graph, GraphError, ReduceOp, Shape, Size, UnaryOp, Value
+from kn_graph import (
+    BinaryOp,
+    DType,
+    Graph,
+    GraphError,
+    ReduceOp,
+    Shape,
+    ShapeMismatchError,
+    Size,
+    UnaryOp,
+    Value,
+)
 from kn_graph.graph import broadcast_shapes
 from kn_graph.ops import (
     Binary,
@@ -29,6 +40,7 @@ from kn_graph.ops import (
 from tests.conftest import graph_with
 
 B = Size.sym("B")
+S = Size.sym("S")
 
 
 # -- doctests ---------------------------------------------------------------------------------------
@@ -414,14 +426,38 @@ def test_symbolic_slice():
     ("kwargs", "match"),
     [
         ({"step": 0}, "step must not be zero"),
-        ({"step": -1}, r"negative step on symbolic axis 0 \(B\)"),
-        ({"start": -1}, r"negative bound on symbolic axis 0 \(B\)"),
     ],
 )
 def test_invalid_symbolic_slice_raises(kwargs, match):
     g, x = graph_with([B])
     with pytest.raises(GraphError, match=match):
         g.slice(x, 0, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "length", "guard_fails_at"),
+    [
+        ({"step": -1}, B, None),  # x[::-1]
+        ({"start": -1}, Size(1), 0),  # x[-1:] assumes B >= 1
+        ({"start": 2}, B - 2, 1),  # x[2:] assumes B >= 2
+        ({"end": 5}, Size(5), 4),  # x[:5] assumes B >= 5
+        ({"start": 1, "end": -1}, B - 2, 1),
+        ({"end": 10**9}, B, None),  # an exporter's "to the end"
+        ({"start": 1, "step": 2}, B // 2, 0),
+    ],
+)
+def test_symbolic_slice_assumes_in_range_bounds_with_guards(kwargs, length, guard_fails_at):
+    g, x = graph_with([B])
+    y = g.slice(x, 0, **kwargs)
+    assert g.shape(y) == Shape.of(length)
+    sl = slice(kwargs.get("start"), kwargs.get("end"), kwargs.get("step"))
+    for b in range(0, 9):
+        if guard_fails_at is not None and b <= guard_fails_at:
+            with pytest.raises(ShapeMismatchError, match="slice"):
+                g.check_bindings({"B": b})
+            continue
+        g.check_bindings({"B": b})
+        assert length.eval({"B": b}) == len(range(b)[sl])
 
 
 @pytest.mark.parametrize(
@@ -449,8 +485,7 @@ def test_flip_is_a_negative_step_slice():
     y = g.flip(x, -1)
     assert g[y].op == Slice(x, 1, Size(3), -1)
     gb, xb = graph_with([B])
-    with pytest.raises(GraphError, match="flip: axis 0 size must be a fixed number"):
-        gb.flip(xb, 0)
+    assert gb[gb.flip(xb, 0)].op == Slice(xb, 0, B - 1, -1)
 
 
 # -- gather -------------------------------------------------------------------------------------------
@@ -575,10 +610,17 @@ def test_concat_of_nothing_raises():
         Graph().concat([], 0)
 
 
-def test_concat_symbolic_axis_of_different_monomials_raises():
+def test_concat_symbolic_axis_sums_the_sizes():
     g, x = graph_with([B])
-    with pytest.raises(GraphError, match="not the same monomial"):
-        g.concat([x, g.input([3], DType.F32)], 0)
+    y = g.concat([x, g.input([3], DType.F32)], 0)
+    assert g.shape(y) == Shape.of(B + 3)
+    assert str(g.shape(y)) == "[B+3]"
+
+
+def test_concat_off_axis_sizes_that_differ_raise_without_an_equate_policy():
+    g, x = graph_with([B, 2])
+    with pytest.raises(GraphError, match="differs"):
+        g.concat([x, g.input([S, 2], DType.F32)], 1)
 
 
 # -- conv and matmul --------------------------------------------------------------------------------
@@ -626,10 +668,11 @@ def test_conv_symbolic_spatial_size():
     g, x = graph_with([1, 1, B])
     w = g.constant(np.zeros((1, 1, 3), np.float32))
     assert g.shape(g.conv(x, w, padding=(1,))) == Shape.of(1, 1, B)
-    with pytest.raises(
-        GraphError, match="output size of spatial axis 0 \\(B\\) is not expressible"
-    ):
-        g.conv(x, w)
+    assert g.shape(g.conv(x, w)) == Shape.of(1, 1, B - 2)
+    assert str(g.shape(g.conv(x, w, stride=(2,), padding=(1,)))) == "[1,1,(B+1)//2]"
+    g.check_bindings({"B": 3})
+    with pytest.raises(ShapeMismatchError, match="must hold the kernel"):
+        g.check_bindings({"B": 2})
 
 
 @pytest.mark.parametrize(

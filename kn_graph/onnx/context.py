@@ -68,7 +68,8 @@ class Known:
 
 def _simplify(x: object) -> object:
     if isinstance(x, Size):
-        return x.factor if x.is_fixed else x
+        v = x.fixed_value()
+        return x if v is None else v
     if isinstance(x, np.generic):
         return x.item()
     return x
@@ -267,11 +268,8 @@ class NodeContext:
         return g.view(flat, Shape.of(*k.shape))
 
     def size_value(self, s: Size, dtype: DType) -> Value:
-        """A symbolic size as a rank-0 runtime value: the element count of a broadcast of ones."""
-        g = self.graph
-        dims = [Size.sym(sym) for sym, e in s.terms for _ in range(e)]
-        count = g.reduce(g.full(1, Shape.of(*dims), dtype), list(range(len(dims))), ReduceOp.SUM)
-        return g.mul(count, s.factor) if s.factor != 1 else count
+        """A symbolic size as a rank-0 runtime value (`Graph.size_value`)."""
+        return self.graph.size_value(s, dtype)
 
     # -- attributes -----------------------------------------------------------------------------
     def has_attr(self, name: str) -> bool:

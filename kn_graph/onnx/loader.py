@@ -3,7 +3,9 @@ data included), and run one registered handler per node."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -12,13 +14,18 @@ import onnx
 from onnx import numpy_helper
 
 from kn_graph.dtype import DType
-from kn_graph.errors import GraphError, OnnxImportError, UnsupportedOnnxError
+from kn_graph.errors import (
+    GraphError,
+    OnnxImportError,
+    StaticInputRequiredError,
+    UnsupportedOnnxError,
+)
 from kn_graph.graph import Graph
 from kn_graph.onnx.context import HANDLERS, Known, NodeContext, Result, onnx_dtype
 from kn_graph.ops import Value
 from kn_graph.shape import BATCH, Shape, Size, SizeLike
 
-__all__ = ["DEFAULT_BATCH_AXES", "load_onnx"]
+__all__ = ["DEFAULT_BATCH_AXES", "ValueSpecializedModel", "load_onnx"]
 
 DEFAULT_BATCH_AXES = ("batch_size", "batch", "N", "B", "b", "batch_dim", "unk__batch")
 """dim_params unified into the batch symbol B."""
@@ -27,6 +34,18 @@ KNOWN_LIMIT = 4096
 """Integer initializers up to this many elements are kept as load-time `Known` tensors."""
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
+
+MAX_UNIFICATIONS = 64
+"""A load restarts once per pair of symbols it unifies; more than this is a bug."""
+
+
+class _Unify(BaseException):
+    """Raised inside a builder when two sizes must be equal and one is a plain input symbol:
+    the load restarts with that symbol replaced (a BaseException, so no handler swallows it)."""
+
+    def __init__(self, sym: str, value: Size) -> None:
+        self.sym = sym
+        self.value = value
 
 
 def load_onnx(
@@ -37,22 +56,142 @@ def load_onnx(
     input_shapes: Mapping[str, Sequence[SizeLike]] | None = None,
     input_values: Mapping[str, np.ndarray] | None = None,
     base_dir: str | os.PathLike[str] | None = None,
-) -> Graph:
+    static: bool = False,
+) -> Graph | ValueSpecializedModel:
     """Load an ONNX model (path, bytes or ModelProto) into a new `Graph`.
 
-    - every `dim_param` becomes a size symbol; those named in `batch_axes` become `B`;
+    - every `dim_param` becomes a size symbol (`"past + 1"` an expression of one); those named
+      in `batch_axes` become `B`; dims without a name become `<input>_<axis>`;
+    - sizes an op needs equal (broadcasting, concat, matmul, reshape) are unified when one is a
+      plain input symbol (the exporter named one length twice), else recorded as a guard;
     - `dims` pins symbols to numbers (`dims={"seq": 77}`), `input_shapes` gives whole shapes;
-    - `input_values` turns graph inputs into constants (needed when an input determines a shape);
+    - `input_values` turns graph inputs into constants. When a shape, repeats, pads, sizes or a
+      condition comes from a graph input and no value is given, the result is a
+      `ValueSpecializedModel` (`Device.prepare` accepts it: one graph per distinct value),
+      or with `static=True` a `StaticInputRequiredError` naming the input;
     - external data is read relative to `base_dir` (default: the model's folder) and may not
       leave it.
     Raises `OnnxImportError` for unreadable models and `UnsupportedOnnxError` for what the IR
     cannot express.
     """
     model, folder = _read_model(source, base_dir)
-    loader = Loader(
-        model, folder, set(batch_axes), dict(dims or {}), input_shapes or {}, input_values or {}
+    options = _Options(
+        set(batch_axes), dict(dims or {}), dict(input_shapes or {}), dict(input_values or {})
     )
-    return loader.run()
+    try:
+        return _load(model, folder, options)
+    except StaticInputRequiredError as e:
+        if static:
+            raise
+        return ValueSpecializedModel(model, folder, options, e.input_name)
+
+
+class _Options:
+    """What the caller said about the model's inputs."""
+
+    def __init__(
+        self,
+        batch_axes: set[str],
+        dims: dict[str, int],
+        input_shapes: dict[str, Sequence[SizeLike]],
+        input_values: dict[str, np.ndarray],
+    ) -> None:
+        self.batch_axes = batch_axes
+        self.dims = dims
+        self.input_shapes = input_shapes
+        self.input_values = input_values
+
+
+def _load(model: onnx.ModelProto, folder: Path | None, options: _Options) -> Graph:
+    """One import; restarted with a substitution whenever it unifies two input symbols."""
+    subs: dict[str, Size] = {}
+    arrays: dict[str, np.ndarray] = {}
+    for _ in range(MAX_UNIFICATIONS):
+        loader = Loader(
+            model,
+            folder,
+            options.batch_axes,
+            options.dims,
+            options.input_shapes,
+            options.input_values,
+            subs=subs,
+            arrays=arrays,
+        )
+        try:
+            return loader.run()
+        except _Unify as u:
+            subs = {k: v.subs({u.sym: u.value}) for k, v in subs.items()}
+            subs[u.sym] = u.value
+    raise OnnxImportError(f"the model's input sizes needed more than {MAX_UNIFICATIONS} unifications")
+
+
+class ValueSpecializedModel:
+    """A model whose shapes depend on the values of some integer inputs (a Reshape target, Tile
+    repeats, Resize sizes, a Range limit, an If condition fed by a graph input). It is loaded
+    once per distinct value of those inputs (`specialize`, cached); `Device.prepare` accepts it
+    and does that per call. The cost: one load per new value (a few ms for small models)."""
+
+    def __init__(
+        self, model: onnx.ModelProto, folder: Path | None, options: _Options, first: str
+    ) -> None:
+        self.model = model
+        self.folder = folder
+        self.options = options
+        self.value_inputs: list[str] = [first]
+        """The inputs whose values decide shapes (found so far; more may be found per call)."""
+        init = {t.name for t in model.graph.initializer}
+        self.input_names = [i.name for i in model.graph.input if i.name not in init]
+        self.by_shape = False
+        """Whether the other inputs' shapes are pinned too (set when symbolic dims fail)."""
+        self._cache: dict[tuple[object, ...], Graph] = {}
+
+    def specialize(self, values: Mapping[str, np.ndarray]) -> Graph:
+        """The graph for these input values (all inputs by name, or at least the value inputs);
+        the value inputs become constants and leave the graph's inputs. The other inputs keep
+        their symbolic dims unless a shape then cannot be expressed (a Resize to a size given
+        by value on a symbolic axis): then their shapes are pinned as well (`by_shape`)."""
+        for _ in range(len(self.input_names) + 1):
+            missing = [n for n in self.value_inputs if n not in values]
+            if missing:
+                raise OnnxImportError(
+                    f"the model's shapes depend on the values of inputs {missing}; pass them"
+                )
+            pinned = dict(self.options.input_values)
+            pinned.update({n: np.asarray(values[n]) for n in self.value_inputs})
+            shapes = dict(self.options.input_shapes)
+            if self.by_shape:
+                shapes.update(
+                    {n: list(np.shape(v)) for n, v in values.items() if n not in pinned}
+                )
+            key = tuple(
+                (n, pinned[n].dtype.str, pinned[n].shape, pinned[n].tobytes())
+                for n in sorted(pinned)
+            ) + tuple((n, tuple(shapes[n])) for n in sorted(shapes))
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+            opts = _Options(self.options.batch_axes, self.options.dims, shapes, pinned)
+            try:
+                graph = _load(self.model, self.folder, opts)
+            except StaticInputRequiredError as e:
+                if e.input_name in self.value_inputs or e.input_name not in values:
+                    raise
+                self.value_inputs.append(e.input_name)
+                continue
+            except UnsupportedOnnxError:
+                if self.by_shape:
+                    raise
+                self.by_shape = True
+                continue
+            self._cache[key] = graph
+            return graph
+        raise OnnxImportError("could not find the inputs that decide the model's shapes")
+
+    def __repr__(self) -> str:
+        return (
+            f"<ValueSpecializedModel: inputs {self.input_names}; shapes depend on the values "
+            f"of {self.value_inputs}>"
+        )
 
 
 def _read_model(
@@ -95,14 +234,22 @@ class Loader:
         dims: dict[str, int],
         input_shapes: Mapping[str, Sequence[SizeLike]],
         input_values: Mapping[str, np.ndarray],
+        subs: Mapping[str, Size] | None = None,
+        arrays: dict[str, np.ndarray] | None = None,
     ) -> None:
         self.model = model
+        self.subs = dict(subs or {})
+        self.arrays = arrays if arrays is not None else {}
+        self.symbol_order: list[str] = []
+        self.value_sizes: dict[Value, Size] = {}
+        """Graph values known to equal a size (a size cast to float), for Range bounds."""
         self.folder = folder
         self.batch_axes = batch_axes
         self.dims = dims
         self.input_shapes = input_shapes
         self.input_values = input_values
         self.graph = Graph()
+        self.graph.equate = self.equate
         self.env: dict[str, Result] = {}
         self.bad_initializers: dict[str, str] = {}
         self.node_index = 0
@@ -142,6 +289,8 @@ class Loader:
             v = self.as_value(r)
             self.graph.set_debug_name(v, out.name)
             self.graph.add_output(v, out.name)
+        self.graph.equate = self.graph.guard_equal  # no more unification once loaded
+        self.graph.where = ""
         return self.graph
 
     def run_nodes(self, nodes: Iterable[onnx.NodeProto]) -> None:
@@ -160,11 +309,15 @@ class Loader:
     # -- inputs and initializers ----------------------------------------------------------------
     def add_initializers(self, tensors: Iterable[onnx.TensorProto]) -> None:
         for t in tensors:
-            try:
-                arr = self.tensor_to_array(t, f"initializer '{t.name}'")
-            except UnsupportedOnnxError as e:
-                self.bad_initializers[t.name] = e.detail
-                continue
+            arr = self.arrays.get(t.name) if t.name else None
+            if arr is None:
+                try:
+                    arr = self.tensor_to_array(t, f"initializer '{t.name}'")
+                except UnsupportedOnnxError as e:
+                    self.bad_initializers[t.name] = e.detail
+                    continue
+                if t.name:
+                    self.arrays[t.name] = arr  # a restarted load reads each tensor once
             self.env[t.name] = self.result_of_array(arr)
 
     def result_of_array(self, arr: np.ndarray) -> Result:
@@ -261,22 +414,52 @@ class Loader:
             for axis, d in enumerate(tt.shape.dim):
                 if d.HasField("dim_value") and d.dim_value >= 0:
                     dims.append(Size(int(d.dim_value)))
-                elif d.HasField("dim_param") and d.dim_param:
-                    p = d.dim_param
-                    sym = BATCH if p in self.batch_axes else p
-                    if p in self.dims:
-                        dims.append(Size(int(self.dims[p])))
-                    elif sym in self.dims:
-                        dims.append(Size(int(self.dims[sym])))
-                    else:
-                        dims.append(Size.sym(sym))
-                else:
-                    raise OnnxImportError(
-                        f"{where}, axis {axis}: the size is neither a number nor named; pass "
-                        f"input_shapes={{'{name}': [...]}}"
-                    )
+                elif d.HasField("dim_param") and d.dim_param and d.dim_param != "?":
+                    dims.append(self.dim_param_size(d.dim_param))
+                else:  # no name, "?" or -1: a fresh symbol named after the input and axis
+                    dims.append(self.dim_param_size(_fresh_symbol(name, axis)))
             shape = Shape(tuple(dims))
+        shape = shape.subs(self.subs)
+        for d in shape:
+            for s in sorted(d.symbols):
+                if s not in self.symbol_order:
+                    self.symbol_order.append(s)
         self.env[name] = self.graph.input(shape, dt, name)
+
+    def symbol(self, p: str) -> Size:
+        """The size of one named dim: B for the batch axes, a number when pinned by `dims`."""
+        sym = BATCH if p in self.batch_axes else p
+        if p in self.dims:
+            return Size(int(self.dims[p]))
+        if sym in self.dims:
+            return Size(int(self.dims[sym]))
+        return Size.sym(sym)
+
+    def dim_param_size(self, p: str) -> Size:
+        """A dim_param as a size: a name, or an expression of names (`past_sequence_length + 1`,
+        `32*h32`, as exporters write them); anything else is one opaque symbol."""
+        expr = _parse_size_expr(p, self.symbol)
+        return expr if expr is not None else self.symbol(p)
+
+    # -- unification ------------------------------------------------------------------------------
+    def equate(self, a: Size, b: Size, what: str) -> Size:
+        """Two sizes an op needs equal: unify a plain input symbol with the other side (the
+        load restarts), else record a guard and use `a`."""
+        if a.is_fixed and b.is_fixed:
+            raise GraphError(f"{what}: sizes {a} and {b} differ")
+        order = {s: i for i, s in enumerate(self.symbol_order)}
+        options = []
+        for x, y in ((a, b), (b, a)):
+            s = x.symbol
+            if s is not None and s in order and s not in y.symbols and s not in self.dims:
+                # keep B and the symbol seen first; replace the later one
+                rank = (s != BATCH, order[s]) if y.symbol is not None else (True, 10**9)
+                options.append((rank, s, y))
+        if options:
+            _, s, y = max(options, key=lambda t: t[0])
+            raise _Unify(s, y)
+        self.graph.add_guard(a, "==", b, what)
+        return a
 
     # -- nodes ----------------------------------------------------------------------------------
     def lookup(self, name: str, ctx: NodeContext | None) -> Result:
@@ -306,6 +489,7 @@ class Loader:
         handler = HANDLERS.get(node.op_type)
         if handler is None:
             ctx.unsupported("operator not supported")
+        self.graph.where = f"node '{ctx.name}' ({ctx.op_type})"
         try:
             out = handler(ctx)
             ctx.check_all_used()
@@ -322,3 +506,60 @@ class Loader:
             if isinstance(r, Value):
                 self.graph.set_debug_name(r, name)
             self.env[name] = r
+
+
+def _fresh_symbol(input_name: str, axis: int) -> str:
+    base = re.sub(r"\W", "_", input_name) or "input"
+    return f"{base}_{axis}"
+
+
+_EXPR_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Constant, ast.Load)
+_EXPR_OPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.USub, ast.UAdd)
+
+
+def _parse_size_expr(text: str, symbol: object) -> Size | None:
+    """`past + 1`, `2*seq`, `(h+1)//2` as a Size; None unless the text is such an expression
+    with at least one operator (plain names stay opaque symbols)."""
+    if not any(c in text for c in "+-*/%"):
+        return None
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    for n in ast.walk(tree):
+        if isinstance(n, ast.operator | ast.unaryop):
+            if not isinstance(n, _EXPR_OPS):
+                return None
+        elif not isinstance(n, _EXPR_NODES):
+            return None
+        if isinstance(n, ast.Constant) and (type(n.value) is not int):
+            return None
+
+    def ev(n: ast.AST) -> Size:
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant):
+            return Size(int(n.value))
+        if isinstance(n, ast.Name):
+            return symbol(n.id)  # type: ignore[operator,no-any-return]
+        if isinstance(n, ast.UnaryOp):
+            v = ev(n.operand)
+            return -v if isinstance(n.op, ast.USub) else v
+        assert isinstance(n, ast.BinOp)
+        a, b = ev(n.left), ev(n.right)
+        match n.op:
+            case ast.Add():
+                return a + b
+            case ast.Sub():
+                return a - b
+            case ast.Mult():
+                return a * b
+            case ast.FloorDiv():
+                return a // b
+            case _:
+                return a % b
+
+    try:
+        return ev(tree)
+    except GraphError:
+        return None

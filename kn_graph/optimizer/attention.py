@@ -248,7 +248,7 @@ def _is_causal(g: Graph, mask: _Mask) -> bool:
     info = g[mask.value]
     m, n = info.shape[-2], info.shape[-1]
     if m.is_fixed and n.is_fixed:
-        offset = n.factor - m.factor
+        offset = n.as_int() - m.as_int()
     elif m == n:
         offset = 0
     else:

@@ -90,6 +90,9 @@ class Rewriter:
     def __init__(self, old: Graph, settings: OptimizerSettings) -> None:
         self.old = old
         self.new = Graph()
+        self.new.copy_guards(old)
+        if old.equate is not None:
+            self.new.equate = self.new.guard_equal
         self.settings = settings
         self._map: dict[int, Value] = {}
 

@@ -82,7 +82,7 @@ def fold_constant(rw: Rewriter, v: Value) -> Value | None:
         case _:
             if not info.shape.is_fixed or not all(rw.new[u].shape.is_fixed for u in operands):
                 return None
-            if info.shape.size().factor > limit:
+            if info.shape.size().eval({s: 1 for s in info.shape.symbols}) > limit:
                 return None
             full_shapes = [rw.new[u].shape.fixed_dims() for u in operands]
             if sum(math.prod(s) for s in full_shapes) > MAX_MATERIALISE:

@@ -54,7 +54,7 @@ def _reshape_compact(arr: np.ndarray, src: Shape, dst: Shape) -> np.ndarray | No
         return arr.reshape(shape)
     if not (src.is_fixed and dst.is_fixed):
         return None
-    if src.size().factor > MAX_MATERIALISE:
+    if src.size().eval({s: 1 for s in src.size().symbols}) > MAX_MATERIALISE:
         return None
     return np.broadcast_to(arr, src.fixed_dims()).reshape(dst.fixed_dims())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,21 +17,44 @@ FIXTURES: list[dict] = json.loads((MODELS / "manifest.json").read_text())["fixtu
 
 
 @functools.cache
-def load(name: str) -> Graph:
+def model(name: str) -> Any:
+    """What `load_onnx` returns: a Graph, or a ValueSpecializedModel (shapes from input values)."""
     from kn_graph.onnx import load_onnx  # imports onnx: only when a fixture is needed
 
     fx = next(f for f in FIXTURES if f["name"] == name)
     return load_onnx(MODELS / fx["file"])
 
 
-def datasets(name: str) -> list[tuple[dict[str, np.ndarray], dict[str, int]]]:
-    """(inputs by name, bound symbols) per data set: batch 1 and batch > 1."""
+def _feed(name: str, k: int) -> dict[str, np.ndarray]:
     fx = next(f for f in FIXTURES if f["name"] == name)
-    graph = load(name)
     data = np.load(MODELS / fx["reference"])
+    return {n.removeprefix(f"in{k}:"): data[n] for n in data.files if n.startswith(f"in{k}:")}
+
+
+def graph_for(name: str, k: int) -> Graph:
+    """The graph of data set k (the same one for every data set unless values decide shapes)."""
+    m = model(name)
+    return m if isinstance(m, Graph) else m.specialize(_feed(name, k))
+
+
+def load(name: str) -> Graph:
+    return graph_for(name, 0)
+
+
+def cases(name: str) -> list[tuple[Graph, dict[str, np.ndarray], dict[str, int]]]:
+    """(graph, inputs by name, bound symbols) per data set (batch 1 and batch > 1)."""
+    fx = next(f for f in FIXTURES if f["name"] == name)
     out = []
     for k in range(len(fx["datasets"])):
-        feed = {n: data[f"in{k}:{n}"] for n in graph.input_names}
+        graph = graph_for(name, k)
+        full = _feed(name, k)
+        feed = {n: full[n] for n in graph.input_names}
         _, binds = bind_inputs(graph, feed)
-        out.append((feed, binds))
+        out.append((graph, feed, binds))
     return out
+
+
+def datasets(name: str) -> list[tuple[dict[str, np.ndarray], dict[str, int]]]:
+    """(inputs by name, bound symbols) of the data sets that `load(name)`'s graph runs."""
+    first = load(name)
+    return [(feed, binds) for g, feed, binds in cases(name) if g is first]

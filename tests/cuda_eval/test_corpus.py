@@ -7,25 +7,16 @@ from __future__ import annotations
 import pytest
 
 from kn_cuda_eval import plan
-from kn_graph.errors import UnsupportedOnnxError
 from kn_graph.optimizer import optimize
-from tests.cuda_eval.corpus import FIXTURES, datasets, load
+from tests.cuda_eval.corpus import FIXTURES, cases, datasets, load
 from tests.cuda_eval.helpers import check_plan
 
 MAX_RATIO = 1.10
 
 
-def _load(name: str):
-    try:
-        return load(name)
-    except UnsupportedOnnxError as e:  # the loader's coverage is tested in tests/test_models.py
-        pytest.xfail(f"{name} does not load yet: {e}")
-
-
 @pytest.mark.parametrize("name", [f["name"] for f in FIXTURES])
 def test_fixture_plan_matches_cpu(name: str) -> None:
-    graph = _load(name)
-    for feed, binds in datasets(name):
+    for graph, feed, binds in cases(name):
         for p in check_plan(graph, feed, bindings=binds):
             rep = p.memory_report()
             assert rep.ratio <= MAX_RATIO, f"{name} {binds}: workspace {rep.summary()}"
@@ -34,7 +25,7 @@ def test_fixture_plan_matches_cpu(name: str) -> None:
 @pytest.mark.parametrize("name", [f["name"] for f in FIXTURES])
 def test_fixture_plans_at_a_large_batch(name: str) -> None:
     """Planning (not emulating) at batch 64 exercises the memory planner at realistic sizes."""
-    graph = _load(name)
+    graph = load(name)
     _, binds = datasets(name)[-1]
     g = optimize(graph)
     p = plan(g, bindings={**binds, "B": 64} if "B" in binds else binds)

@@ -25,6 +25,26 @@ How to run (from the repository root)::
         onnxruntime onnxscript numpy
     /work/venv-fx/bin/python tests/models/make_models.py [--out DIR] [--only NAME ...]
 
+``--only`` takes fixture names, base names (``kv_llm``) or the group ``dynamic_shapes``
+(the eight dynamic-shape fixtures below); their manifest entries replace those of the same
+name in an existing ``manifest.json`` and all other entries are kept.  A fixture's input data
+seed is fixed by its position in ``MODELS``, so ``--only`` reproduces a full run's data.
+
+Besides the batch(/seq)-dynamic exports, the ``dynamic_shapes`` group exercises dynamic
+shapes as real exports use them: CNNs with dynamic batch/height/width (``resnet_hw_dynamo``,
+``mobilenetv3_hw_dynamo``, ``convnext_hw_dynamo``), a YOLO-style detector whose height/width
+are exported as ``32*h32`` / ``32*w32`` (``yolo_hw_dynamo``), a wav2vec2-style front end with
+a dynamic sample count (``audio_frontend_dynamo``), a BERT whose ``attention_mask`` carries
+dim_params independent of ``input_ids``' (``bert_indep_dynamo``, renamed after export), a
+KV-cache decoder step with dynamic ``past`` and mask length ``past + 1``
+(``kv_llm_dynamo``; its npz also holds ``greedy:prompt`` / ``greedy:tokens``, a 10-step
+onnxruntime greedy decode from an empty cache, described by the manifest entry's
+``greedy``), and a hand-built graph whose Resize sizes and Reshape shape are graph inputs
+(``shape_inputs``; exporter ``onnx.helper``).  Their bindings are deliberately not powers
+of two.  Spec hooks used by them: ``dim_ranges`` (Dim min/max), ``dynamo_shapes`` (custom /
+derived Dims), ``post_export`` (edit the saved file), ``onnx_builder`` and ``extra``
+(additional npz arrays and manifest keys).
+
 Versions used for the committed fixtures: torch 2.13.0+cpu, transformers 5.24.0,
 diffusers 0.42.1, onnx 1.23.2, onnxruntime 1.32.0, onnxscript 0.7.2, numpy 2.4.
 Do not install torchvision beside torch 2.13 (it breaks ``import transformers``);
@@ -68,6 +88,7 @@ DYNAMO_OPSET = 18
 STD_RANGE = (0.1, 100.0)
 REL_TOL = 1e-3
 MAX_TOTAL_BYTES = 20 * 1024 * 1024
+STRIP = {"strip_node_metadata": True}
 
 
 # --------------------------------------------------------------------------
@@ -610,6 +631,681 @@ def spec_sd_vae_decoder():
     )
 
 
+# --------------------------------------------------------------------------
+# Dynamic-shape fixtures: dynamic batch / height / width / length / past length,
+# as real exports use them (plain torch modules unless noted)
+# --------------------------------------------------------------------------
+
+
+def image_inputs(shapes, channels=3):
+    """make_inputs for a single NCHW image input; shapes: kind -> (batch, height, width)."""
+
+    def inputs(kind, rng):
+        b, h, w = shapes[kind]
+        return {"input": rng.standard_normal((b, channels, h, w)).astype(np.float32)}
+
+    return inputs
+
+
+BHW = {"input": {0: "batch", 2: "height", 3: "width"}}
+
+
+class SmallResNet(nn.Module):
+    """ResNet stem (conv k7 s2 p3 + maxpool k3 s2 p1), BasicBlocks, one of them a stride-2
+    downsample (3x3 s2 + 1x1 s2 projection), global average pool, linear."""
+
+    def __init__(self, w=8, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, w, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(w)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = BasicBlock(w, w, 1)
+        self.layer2 = BasicBlock(w, 2 * w, 2)
+        self.layer3 = BasicBlock(2 * w, 2 * w, 1)
+        self.fc = nn.Linear(2 * w, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        x = F.adaptive_avg_pool2d(x, 1).flatten(1)
+        return self.fc(x)
+
+
+def spec_resnet_hw():
+    torch.manual_seed(21)
+    m = SmallResNet(w=8, num_classes=10)
+    calibrate_batchnorm(m, (8, 3, 64, 80), seed=31)
+    # 60 -> 30 -> 15 -> 8: the stride-2 block sees an odd size
+    shapes = {"export": (2, 56, 72), 0: (1, 64, 80), 1: (2, 48, 60)}
+    return dict(
+        arch="ResNet-style CNN: stem conv k7 s2 p3 + BN + ReLU, maxpool k3 s2 p1, BasicBlocks "
+        "8 -> 16 (stride 2, 1x1 s2 projection) -> 16, global avg pool, linear 10; "
+        "dynamic batch, height and width",
+        module=m,
+        input_names=["input"],
+        output_names=["logits"],
+        inputs=image_inputs(shapes),
+        dynamic=BHW,
+        dynamic_out={"logits": {0: "batch"}},
+        dim_ranges={"height": (32, 1024), "width": (32, 1024)},
+    )
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, c, r=4):
+        super().__init__()
+        s = _make_divisible(c // r, 8)
+        self.fc1 = nn.Conv2d(c, s, 1)
+        self.fc2 = nn.Conv2d(s, c, 1)
+
+    def forward(self, x):
+        s = F.adaptive_avg_pool2d(x, 1)
+        s = F.hardsigmoid(self.fc2(F.relu(self.fc1(s))))
+        return x * s
+
+
+class MBV3Block(nn.Module):
+    """MobileNetV3 inverted residual: 1x1 expand, depthwise kxk (stride), optional SE,
+    1x1 project; hardswish or ReLU."""
+
+    def __init__(self, cin, exp, cout, k, stride, se, hs):
+        super().__init__()
+        act = nn.Hardswish if hs else nn.ReLU
+        layers = []
+        if exp != cin:
+            layers += [nn.Conv2d(cin, exp, 1, bias=False), nn.BatchNorm2d(exp), act()]
+        layers += [
+            nn.Conv2d(exp, exp, k, stride, (k - 1) // 2, groups=exp, bias=False),
+            nn.BatchNorm2d(exp),
+            act(),
+        ]
+        if se:
+            layers.append(SqueezeExcite(exp))
+        layers += [nn.Conv2d(exp, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.block = nn.Sequential(*layers)
+        self.use_res = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.block(x)
+        return x + y if self.use_res else y
+
+
+class SmallMobileNetV3(nn.Module):
+    def __init__(self, num_classes=10):
+        super().__init__()
+        # (cin, exp, cout, k, stride, se, hardswish) -- mobilenet_v3_small's first rows, narrowed
+        cfg = [
+            (16, 16, 16, 3, 2, True, False),
+            (16, 48, 24, 3, 2, False, False),
+            (24, 56, 24, 3, 1, False, False),
+            (24, 64, 32, 5, 2, True, True),
+            (32, 96, 32, 5, 1, True, True),
+        ]
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish()
+        )
+        self.blocks = nn.Sequential(*[MBV3Block(*c) for c in cfg])
+        self.last = nn.Sequential(
+            nn.Conv2d(32, 96, 1, bias=False), nn.BatchNorm2d(96), nn.Hardswish()
+        )
+        self.head = nn.Sequential(nn.Linear(96, 64), nn.Hardswish(), nn.Linear(64, num_classes))
+
+    def forward(self, x):
+        x = self.last(self.blocks(self.stem(x)))
+        return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def spec_mobilenetv3_hw():
+    torch.manual_seed(22)
+    m = SmallMobileNetV3(num_classes=10)
+    calibrate_batchnorm(m, (8, 3, 64, 80), seed=32)
+    shapes = {"export": (2, 56, 72), 0: (1, 72, 56), 1: (2, 40, 88)}
+    return dict(
+        arch="MobileNetV3-style (mobilenet_v3_small rows narrowed): stem conv s2 + hardswish, "
+        "inverted residuals with depthwise 3x3/5x5 (stride 2 x3), squeeze-excite "
+        "(avgpool, 1x1, ReLU, 1x1, hardsigmoid), hardswish, avg pool, MLP head; "
+        "dynamic batch, height and width",
+        module=m,
+        input_names=["input"],
+        output_names=["logits"],
+        inputs=image_inputs(shapes),
+        dynamic=BHW,
+        dynamic_out={"logits": {0: "batch"}},
+        dim_ranges={"height": (32, 1024), "width": (32, 1024)},
+    )
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channels of an NCHW tensor (ConvNeXt's channels_first LN)."""
+
+    def forward(self, x):
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.dwconv = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.pwconv1 = nn.Linear(c, 4 * c)
+        self.pwconv2 = nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+
+    def forward(self, x):
+        y = self.dwconv(x).permute(0, 2, 3, 1)  # channels last
+        y = self.pwconv2(F.gelu(self.pwconv1(self.norm(y))))
+        return x + (self.gamma * y).permute(0, 3, 1, 2)
+
+
+class SmallConvNeXt(nn.Module):
+    def __init__(self, dims=(16, 32), num_classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, dims[0], 4, 4), LayerNorm2d(dims[0], eps=1e-6))
+        self.stage1 = ConvNeXtBlock(dims[0])
+        self.down = nn.Sequential(LayerNorm2d(dims[0], eps=1e-6), nn.Conv2d(dims[0], dims[1], 2, 2))
+        self.stage2 = nn.Sequential(ConvNeXtBlock(dims[1]), ConvNeXtBlock(dims[1]))
+        self.norm = nn.LayerNorm(dims[1], eps=1e-6)
+        self.head = nn.Linear(dims[1], num_classes)
+
+    def forward(self, x):
+        x = self.stage2(self.down(self.stage1(self.stem(x))))
+        return self.head(self.norm(x.mean((2, 3))))
+
+
+def spec_convnext_hw():
+    torch.manual_seed(23)
+    m = SmallConvNeXt()
+    with torch.no_grad():  # give the LayerNorms non-trivial affine parameters
+        g = torch.Generator().manual_seed(33)
+        for mod in m.modules():
+            if isinstance(mod, nn.LayerNorm):
+                mod.weight.copy_(torch.rand(mod.weight.shape, generator=g) + 0.5)
+                mod.bias.copy_(torch.randn(mod.bias.shape, generator=g) * 0.2)
+    shapes = {"export": (2, 56, 72), 0: (1, 64, 80), 1: (2, 48, 40)}
+    return dict(
+        arch="ConvNeXt-style: patchify stem conv k4 s4 + channels-first LayerNorm (permute), "
+        "blocks of depthwise 7x7 conv, channels-last LayerNorm, Linear 4x + GELU + Linear, "
+        "layer scale, residual; LN + conv k2 s2 downsample 16 -> 32; mean pool, LN, linear; "
+        "dynamic batch, height and width",
+        module=m,
+        input_names=["input"],
+        output_names=["logits"],
+        inputs=image_inputs(shapes),
+        dynamic=BHW,
+        dynamic_out={"logits": {0: "batch"}},
+        dim_ranges={"height": (16, 1024), "width": (16, 1024)},
+    )
+
+
+def conv_bn_silu(cin, cout, k=3, s=1):
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, s, k // 2, bias=False), nn.BatchNorm2d(cout), nn.SiLU()
+    )
+
+
+class TinyYolo(nn.Module):
+    """YOLOv5-style: a backbone with outputs at strides 8/16/32, an FPN top-down path
+    (1x1 lateral conv, nearest upsample x2, concat, conv), per-scale 1x1 detection heads
+    decoded as in the YOLOv5 export (sigmoid, grid offsets from arange over the feature
+    map's H and W, anchor sizes) and reshaped to [B, anchors*H*W, 5+classes], concatenated
+    over scales."""
+
+    def __init__(self, num_classes=3, na=3):
+        super().__init__()
+        self.na, self.no = na, 5 + num_classes
+        self.stem = nn.Sequential(conv_bn_silu(3, 8, 3, 2), conv_bn_silu(8, 16, 3, 2))  # /4
+        self.c3 = conv_bn_silu(16, 16, 3, 2)  # /8
+        self.c4 = conv_bn_silu(16, 32, 3, 2)  # /16
+        self.c5 = conv_bn_silu(32, 32, 3, 2)  # /32
+        self.lat5 = conv_bn_silu(32, 16, 1)
+        self.p4 = conv_bn_silu(32 + 16, 16, 3)
+        self.lat4 = conv_bn_silu(16, 8, 1)
+        self.p3 = conv_bn_silu(16 + 8, 16, 3)
+        self.heads = nn.ModuleList(nn.Conv2d(c, na * self.no, 1) for c in (16, 16, 32))
+        self.strides = (8, 16, 32)
+        anchors = torch.tensor(
+            [[10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119], [116, 90, 156, 198, 373, 326]],
+            dtype=torch.float32,
+        ).view(3, na, 2)
+        self.register_buffer("anchors", anchors)
+
+    def forward(self, x):
+        x = self.stem(x)
+        f3 = self.c3(x)
+        f4 = self.c4(f3)
+        f5 = self.c5(f4)
+        l5 = self.lat5(f5)
+        p4 = self.p4(torch.cat([F.interpolate(l5, scale_factor=2.0, mode="nearest"), f4], 1))
+        l4 = self.lat4(p4)
+        p3 = self.p3(torch.cat([F.interpolate(l4, scale_factor=2.0, mode="nearest"), f3], 1))
+        outs = []
+        for i, f in enumerate((p3, p4, f5)):
+            y = self.heads[i](f)
+            b, _, ny, nx = y.shape
+            y = y.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).sigmoid()
+            gy, gx = torch.meshgrid(
+                torch.arange(ny, dtype=torch.float32),
+                torch.arange(nx, dtype=torch.float32),
+                indexing="ij",
+            )
+            grid = torch.stack((gx, gy), 2).view(1, 1, ny, nx, 2)
+            anchor = self.anchors[i].view(1, self.na, 1, 1, 2)
+            xy = (y[..., :2] * 2 - 0.5 + grid) * self.strides[i]
+            wh = (y[..., 2:4] * 2) ** 2 * anchor
+            y = torch.cat((xy, wh, y[..., 4:]), -1)
+            outs.append(y.reshape(b, self.na * ny * nx, self.no))
+        return torch.cat(outs, 1)
+
+
+def spec_yolo_hw():
+    torch.manual_seed(24)
+    m = TinyYolo()
+    calibrate_batchnorm(m, (4, 3, 64, 96), seed=34)
+    shapes = {"export": (2, 96, 128), 0: (2, 64, 96), 1: (1, 128, 64)}
+
+    # height and width must be multiples of 32 (upsampled stride-32 map concatenated with
+    # the stride-16 one), so both are exported as 32 * a dim
+    def dynamo_shapes(Dim):
+        b = Dim("batch", min=1, max=64)
+        h = 32 * Dim("h32", min=1, max=32)
+        w = 32 * Dim("w32", min=1, max=32)
+        return ({0: b, 2: h, 3: w},)
+
+    return dict(
+        arch="YOLOv5-style detector: conv+BN+SiLU backbone with features at stride 8/16/32, FPN "
+        "top-down (1x1 lateral, nearest upsample x2, concat, conv), per-scale 1x1 heads "
+        "(3 anchors, 3 classes) decoded with sigmoid + arange/meshgrid grid + anchors, reshaped to "
+        "[B, 3*H*W, 8] and concatenated over scales; dynamic batch, height and width "
+        "(multiples of 32)",
+        module=m,
+        input_names=["input"],
+        output_names=["detections"],
+        inputs=image_inputs(shapes),
+        dynamic={"input": {0: "batch", 2: "height", 3: "width"}},
+        dynamic_out={"detections": {0: "batch", 1: "boxes"}},
+        dynamo_shapes=dynamo_shapes,
+    )
+
+
+class AudioFrontend(nn.Module):
+    """wav2vec2's feature encoder (conv_feature_layers with group norm on the first layer)
+    followed by its feature projection, narrowed to 32 channels."""
+
+    def __init__(self, c=32, hidden=48):
+        super().__init__()
+        spec = [(10, 5)] + [(3, 2)] * 4 + [(2, 2)] * 2
+        convs, cin = [], 1
+        for k, s in spec:
+            convs.append(nn.Conv1d(cin, c, k, s, bias=False))
+            cin = c
+        self.convs = nn.ModuleList(convs)
+        self.gn = nn.GroupNorm(c, c)
+        self.ln = nn.LayerNorm(c)
+        self.proj = nn.Linear(c, hidden)
+
+    def forward(self, samples):
+        x = samples.unsqueeze(1)  # [B, 1, samples]
+        for i, conv in enumerate(self.convs):
+            x = conv(x)
+            if i == 0:
+                x = self.gn(x)
+            x = F.gelu(x)
+        x = x.transpose(1, 2)  # [B, frames, C]
+        return self.proj(self.ln(x))
+
+
+def spec_audio_frontend():
+    torch.manual_seed(25)
+    m = AudioFrontend()
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(35)
+        for mod in (m.gn, m.ln):
+            mod.weight.copy_(torch.rand(mod.weight.shape, generator=g) + 0.5)
+            mod.bias.copy_(torch.randn(mod.bias.shape, generator=g) * 0.2)
+    shapes = {"export": (2, 2000), 0: (1, 1600), 1: (2, 2345)}
+
+    def inputs(kind, rng):
+        b, n = shapes[kind]
+        return {"input_values": rng.standard_normal((b, n)).astype(np.float32)}
+
+    return dict(
+        arch="wav2vec2-style audio front end: raw samples [B, samples] -> unsqueeze -> conv1d "
+        "k10 s5 + GroupNorm(32 groups) + GELU, conv1d k3 s2 x4 and k2 s2 x2 + GELU (32 channels), "
+        "transpose to [B, frames, 32], LayerNorm, Linear 48; dynamic batch and sample count",
+        module=m,
+        input_names=["input_values"],
+        output_names=["features"],
+        inputs=inputs,
+        dynamic={"input_values": {0: "batch", 1: "samples"}},
+        dynamic_out={"features": {0: "batch", 1: "frames"}},
+        dim_ranges={"samples": (400, 160000)},
+    )
+
+
+class BertTwoInputWrapper(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        o = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+        return o.last_hidden_state, o.pooler_output
+
+
+def rename_input_dims(renames):
+    """post_export hook: give the dims of some graph inputs new dim_param names
+    ({input: {old name: new name}}) and drop graph.value_info (it would still use the old
+    names; onnxruntime re-infers it)."""
+
+    def hook(path):
+        import onnx
+
+        model = onnx.load(path)
+        for inp in model.graph.input:
+            for d in inp.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") and d.dim_param in renames.get(inp.name, {}):
+                    d.dim_param = renames[inp.name][d.dim_param]
+        del model.graph.value_info[:]
+        onnx.save(model, path)
+
+    return hook
+
+
+def spec_bert_indep():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(26)
+    cfg = BertConfig(
+        vocab_size=200,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    cfg._attn_implementation = "eager"
+    m = BertTwoInputWrapper(BertModel(cfg).eval())
+
+    def inputs(kind, rng):
+        b, s = SEQ_SHAPES[kind]
+        return {
+            "input_ids": token_ids(rng, b, s, cfg.vocab_size),
+            "attention_mask": padding_mask(b, s, PADS[kind]),
+        }
+
+    bs = {0: "batch", 1: "seq"}
+    return dict(
+        arch="transformers BertModel (hidden 32, 2 layers, 4 heads, ffn 64, vocab 200), inputs "
+        "input_ids + attention_mask only; dynamo export with shared Dims, then the dim_params "
+        "of attention_mask renamed batch -> s33, seq -> s34 (independent symbols, equal at run "
+        "time) and graph.value_info cleared (given distinct Dims, torch 2.13 keeps the mask's "
+        "batch distinct but unifies its seq with input_ids')",
+        module=m,
+        input_names=["input_ids", "attention_mask"],
+        output_names=["last_hidden_state", "pooler_output"],
+        inputs=inputs,
+        dynamic={"input_ids": bs, "attention_mask": bs},
+        dynamic_out={"last_hidden_state": bs, "pooler_output": {0: "batch"}},
+        post_export=rename_input_dims({"attention_mask": {"batch": "s33", "seq": "s34"}}),
+    )
+
+
+class KVDecoderLayer(nn.Module):
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.heads, self.hd = heads, hidden // heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.o = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class KVCacheLM(nn.Module):
+    """Decoder-only LM, one step with a KV cache: pre-LN blocks, rotary positions at
+    position = past length, attention over past + current masked by attention_mask
+    [B, past+1] (1 = attend), GELU MLP, final LN, untied LM head."""
+
+    def __init__(self, vocab=64, hidden=32, heads=4, layers=2):
+        super().__init__()
+        self.vocab, self.heads, self.hd, self.nl = vocab, heads, hidden // heads, layers
+        self.embed = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(KVDecoderLayer(hidden, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(hidden)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, input_ids, attention_mask, *past):
+        b, s = input_ids.shape
+        past_len = past[0].shape[2]
+        pos = (torch.arange(s, dtype=torch.int64) + past_len).to(torch.float32)
+        freqs = pos[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), -1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]  # [1, 1, s, hd]
+        bias = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * torch.finfo(
+            torch.float32
+        ).min
+        x = self.embed(input_ids)
+        presents = []
+        for i, layer in enumerate(self.layers):
+            h = layer.ln1(x)
+            q, k, v = layer.qkv(h).view(b, s, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            k = torch.cat([past[2 * i], k], 2)
+            v = torch.cat([past[2 * i + 1], v], 2)
+            presents += [k, v]
+            att = (q @ k.transpose(-1, -2)) / float(np.sqrt(self.hd)) + bias
+            y = att.softmax(-1) @ v  # [b, heads, s, hd]
+            x = x + layer.o(y.transpose(1, 2).reshape(b, s, self.heads * self.hd))
+            x = x + layer.fc2(F.gelu(layer.fc1(layer.ln2(x))))
+        return (self.lm_head(self.ln_f(x)), *presents)
+
+
+def kv_names(layers):
+    return [f"past_{kv}_{i}" for i in range(layers) for kv in ("key", "value")]
+
+
+def greedy_decode_ort(sess, m, prompt, steps):
+    """Greedy decode through onnxruntime: starts from empty past tensors [B, heads, 0, hd],
+    feeds one token per step (prompt first), attention_mask all ones [B, past+1]; returns
+    the tokens [B, steps] and, per step, the top-1 minus top-2 logit margin (min over batch)."""
+    b = prompt.shape[0]
+    past = {n: np.zeros((b, m.heads, 0, m.hd), dtype=np.float32) for n in kv_names(m.nl)}
+    ids, toks, margins = prompt, [], []
+    out_names = [o.name for o in sess.get_outputs()]
+    for _ in range(steps):
+        plen = next(iter(past.values())).shape[2]
+        feeds = {"input_ids": ids, "attention_mask": np.ones((b, plen + 1), dtype=np.int64)}
+        feeds.update(past)
+        outs = dict(zip(out_names, sess.run(out_names, feeds)))
+        logits = outs["logits"][:, -1, :]
+        top2 = np.sort(logits, axis=-1)[:, -2:]
+        margins.append(float(np.min(top2[:, 1] - top2[:, 0])))
+        ids = np.argmax(logits, axis=-1).astype(np.int64)[:, None]
+        toks.append(ids)
+        past = {n: outs[n.replace("past_", "present_")] for n in past}
+    return np.concatenate(toks, 1), margins
+
+
+def greedy_decode_torch(m, prompt, steps):
+    b = prompt.shape[0]
+    past = [torch.zeros(b, m.heads, 0, m.hd) for _ in range(2 * m.nl)]
+    ids, toks = torch.from_numpy(prompt), []
+    with torch.no_grad():
+        for _ in range(steps):
+            mask = torch.ones(b, past[0].shape[2] + 1, dtype=torch.int64)
+            logits, *past = m(ids, mask, *past)
+            ids = logits[:, -1].argmax(-1, keepdim=True)
+            toks.append(ids)
+    return torch.cat(toks, 1).numpy()
+
+
+def spec_kv_llm():
+    torch.manual_seed(27)
+    L, H, NH, V = 2, 32, 4, 64
+    m = KVCacheLM(vocab=V, hidden=H, heads=NH, layers=L)
+    with torch.no_grad():
+        m.lm_head.weight.mul_(4.0)  # logits std ~1, decisive argmaxes
+    hd = H // NH
+    # (batch, past length); the mask of row 1 has two left-padding zeros
+    shapes = {"export": (2, 5), 0: (1, 3), 1: (2, 7)}
+    kvn = kv_names(L)
+
+    def inputs(kind, rng):
+        b, p = shapes[kind]
+        mask = np.ones((b, p + 1), dtype=np.int64)
+        if b > 1:
+            mask[1, :2] = 0
+        d = {"input_ids": token_ids(rng, b, 1, V), "attention_mask": mask}
+        for n in kvn:
+            d[n] = rng.standard_normal((b, NH, p, hd)).astype(np.float32)
+        return d
+
+    def dynamo_shapes(Dim):
+        batch = Dim("batch", min=1, max=64)
+        past = Dim("past", min=1, max=1024)
+        # forward(input_ids, attention_mask, *past): the varargs get one nested tuple
+        return ({0: batch}, {0: batch, 1: past + 1}, tuple({0: batch, 2: past} for _ in kvn))
+
+    def extra(sess, npz, steps=10):
+        prompt = np.array([[1], [37]], dtype=np.int64)
+        toks, margins = greedy_decode_ort(sess, m, prompt, steps)
+        ref = greedy_decode_torch(m, prompt, steps)
+        if not np.array_equal(toks, ref):
+            raise RuntimeError(
+                f"greedy decode: onnxruntime {toks.tolist()} != torch {ref.tolist()}"
+            )
+        if any(len(set(row)) < 3 for row in toks.tolist()):
+            raise RuntimeError(f"greedy decode is degenerate: {toks.tolist()}")
+        if min(margins) < 1e-2:
+            raise RuntimeError(f"greedy decode has a near tie (margin {min(margins):.3g})")
+        npz["greedy:prompt"] = prompt
+        npz["greedy:tokens"] = toks
+        print(f"    greedy tokens {toks.tolist()}, min top-1/top-2 logit margin {min(margins):.3g}")
+        return {
+            "greedy": OrderedDict(
+                steps=steps,
+                prompt_key="greedy:prompt",
+                tokens_key="greedy:tokens",
+                prompt=prompt.tolist(),
+                tokens=toks.tolist(),
+                min_logit_margin=min(margins),
+                protocol="start with past_* = zeros [B, heads, 0, head_dim] float32; each step "
+                "feed input_ids [B, 1] (the prompt at step 0, then the previous step's argmax), "
+                "attention_mask = ones [B, past+1] int64 and past_* = the previous step's "
+                "present_*; the step's token is argmax(logits[:, -1, :]); tokens[:, t] is "
+                "step t's token",
+            )
+        }
+
+    return dict(
+        arch="decoder-only LM step with KV cache in plain torch (2 layers, hidden 32, 4 heads, "
+        "head_dim 8, vocab 64, pre-LN, rotary positions at position = past length, attention "
+        "over past+current with an additive mask from attention_mask [B, past+1], GELU MLP); "
+        "dynamic batch and past length, mask length exported as past+1",
+        module=m,
+        input_names=["input_ids", "attention_mask"] + kvn,
+        output_names=["logits"] + [n.replace("past_", "present_") for n in kvn],
+        inputs=inputs,
+        dynamic=dict(
+            {"input_ids": {0: "batch"}, "attention_mask": {0: "batch", 1: "past_plus_1"}},
+            **{n: {0: "batch", 2: "past"} for n in kvn},
+        ),
+        dynamic_out=dict(
+            {"logits": {0: "batch"}},
+            **{n.replace("past_", "present_"): {0: "batch", 2: "past_plus_1"} for n in kvn},
+        ),
+        dynamo_shapes=dynamo_shapes,
+        extra=extra,
+    )
+
+
+class ShapeInputsRef(nn.Module):
+    """torch equivalent of the shape_inputs ONNX graph (for the eager check)."""
+
+    def forward(self, x, sizes, shape):
+        sizes = [int(v) for v in sizes]
+        assert sizes[:2] == list(x.shape[:2])
+        y = F.interpolate(x, size=sizes[2:], mode="nearest")
+        tgt = [y.shape[i] if int(v) == 0 else int(v) for i, v in enumerate(shape)]
+        return torch.relu(y.reshape(tgt))
+
+
+def build_shape_inputs(path, opset):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["batch", "channels", "height", "width"]
+    )
+    sizes = helper.make_tensor_value_info("sizes", TensorProto.INT64, [4])
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    y.type.tensor_type.shape.dim.add()
+    y.type.tensor_type.shape.dim.add()
+    y.type.tensor_type.shape.dim.add()  # rank 3, sizes unknown
+    nodes = [
+        helper.make_node(
+            "Resize",
+            ["x", "", "", "sizes"],
+            ["resized"],
+            mode="nearest",
+            coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor",
+        ),
+        helper.make_node("Reshape", ["resized", "shape"], ["reshaped"]),
+        helper.make_node("Relu", ["reshaped"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "shape_inputs", [x, sizes, shape], [y])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="make_models.py"
+    )
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+
+
+def spec_shape_inputs():
+    # nearest resize by x2 / x0.5 (exact in both onnxruntime's and torch's index arithmetic);
+    # the reshape targets use 0 (copy) and -1 (infer)
+    sets = {
+        "export": ((1, 3, 10, 12), [1, 3, 20, 6], [0, -1, 40]),
+        0: ((1, 3, 10, 12), [1, 3, 20, 6], [0, -1, 40]),  # -> [1, 9, 40]
+        1: ((2, 4, 6, 16), [2, 4, 12, 8], [2, 24, -1]),  # -> [2, 24, 16]
+    }
+
+    def inputs(kind, rng):
+        xs, sz, sh = sets[kind]
+        return {
+            "x": rng.standard_normal(xs).astype(np.float32),
+            "sizes": np.array(sz, dtype=np.int64),
+            "shape": np.array(sh, dtype=np.int64),
+        }
+
+    return dict(
+        arch="hand-built ONNX (onnx.helper): x f32[batch,channels,height,width] -> Resize(nearest, "
+        "asymmetric, floor; sizes = graph input int64[4]) -> Reshape(shape = graph input int64[3], "
+        "with 0 / -1 entries) -> Relu; output rank 3 with unknown sizes; the two data sets use "
+        "different sizes/shape values",
+        module=ShapeInputsRef(),
+        input_names=["x", "sizes", "shape"],
+        output_names=["y"],
+        inputs=inputs,
+        onnx_builder=build_shape_inputs,
+    )
+
+
 # (base name, spec builder, [(exporter, opset, fixture name[, options])])
 MODELS = [
     (
@@ -673,7 +1369,38 @@ MODELS = [
             ("dynamo", DYNAMO_OPSET, "sd_vae_decoder_tiny_dynamo", {"strip_node_metadata": True}),
         ],
     ),
+    # dynamic-shape fixtures (dynamic height/width/length/past, derived dims, independent
+    # symbols, shape-valued inputs); node metadata is stripped to save space
+    ("resnet_hw", spec_resnet_hw, [("dynamo", DYNAMO_OPSET, "resnet_hw_dynamo", STRIP)]),
+    (
+        "mobilenetv3_hw",
+        spec_mobilenetv3_hw,
+        [("dynamo", DYNAMO_OPSET, "mobilenetv3_hw_dynamo", STRIP)],
+    ),
+    ("convnext_hw", spec_convnext_hw, [("dynamo", DYNAMO_OPSET, "convnext_hw_dynamo", STRIP)]),
+    ("yolo_hw", spec_yolo_hw, [("dynamo", DYNAMO_OPSET, "yolo_hw_dynamo", STRIP)]),
+    (
+        "audio_frontend",
+        spec_audio_frontend,
+        [("dynamo", DYNAMO_OPSET, "audio_frontend_dynamo", STRIP)],
+    ),
+    ("bert_indep", spec_bert_indep, [("dynamo", DYNAMO_OPSET, "bert_indep_dynamo", STRIP)]),
+    ("kv_llm", spec_kv_llm, [("dynamo", DYNAMO_OPSET, "kv_llm_dynamo", STRIP)]),
+    ("shape_inputs", spec_shape_inputs, [("onnx.helper", DYNAMO_OPSET, "shape_inputs")]),
 ]
+# named groups for --only
+GROUPS = {
+    "dynamic_shapes": [
+        "resnet_hw_dynamo",
+        "mobilenetv3_hw_dynamo",
+        "convnext_hw_dynamo",
+        "yolo_hw_dynamo",
+        "audio_frontend_dynamo",
+        "bert_indep_dynamo",
+        "kv_llm_dynamo",
+        "shape_inputs",
+    ],
+}
 
 
 # --------------------------------------------------------------------------
@@ -688,7 +1415,9 @@ def to_torch(arrs, names):
 def export(spec, exporter, opset, path, example, options):
     m = spec["module"]
     args = to_torch(example, spec["input_names"])
-    if exporter == "torchscript":
+    if exporter == "onnx.helper":  # hand-built graph, no torch export
+        spec["onnx_builder"](path, opset)
+    elif exporter == "torchscript":
         dyn = dict(spec["dynamic"])
         dyn.update(spec["dynamic_out"])
         training = (
@@ -712,16 +1441,21 @@ def export(spec, exporter, opset, path, example, options):
         from torch.export import Dim
 
         dims = {}
+        ranges = spec.get("dim_ranges", {})
 
         def dim(name):
             if name not in dims:
-                dims[name] = Dim(name, min=1, max=64)
+                lo, hi = ranges.get(name, (1, 64))
+                dims[name] = Dim(name, min=lo, max=hi)
             return dims[name]
 
-        dshapes = tuple(
-            {ax: dim(nm) for ax, nm in spec["dynamic"].get(n, {}).items()} or None
-            for n in spec["input_names"]
-        )
+        if "dynamo_shapes" in spec:  # derived dims (32 * h, past + 1) etc.
+            dshapes = spec["dynamo_shapes"](Dim)
+        else:
+            dshapes = tuple(
+                {ax: dim(nm) for ax, nm in spec["dynamic"].get(n, {}).items()} or None
+                for n in spec["input_names"]
+            )
         prog = torch.onnx.export(
             m,
             args,
@@ -743,6 +1477,8 @@ def export(spec, exporter, opset, path, example, options):
             del n.metadata_props[:]
             n.doc_string = ""
         onnx.save(model, path)
+    if "post_export" in spec:
+        spec["post_export"](path)
 
 
 def walk_nodes(graph):
@@ -858,6 +1594,7 @@ def make_fixture(name, exporter, opset, spec, out_dir, rng_seed, options):
                 "max_abs_diff_vs_torch": diff,
             }
         datasets.append(ds)
+    extra = spec["extra"](sess, npz) if "extra" in spec else {}
     npz_path = os.path.join(out_dir, name + ".npz")
     np.savez(npz_path, **npz)
     nodes, ops = op_types(model)
@@ -889,6 +1626,7 @@ def make_fixture(name, exporter, opset, spec, out_dir, rng_seed, options):
         onnx_bytes=os.path.getsize(onnx_path),
         npz_bytes=os.path.getsize(npz_path),
     )
+    entry.update(extra)
     print(
         f"  {name}: {nodes} nodes, {len(ops)} op types, "
         f"{entry['onnx_bytes'] / 1024:.0f} KB onnx + {entry['npz_bytes'] / 1024:.0f} KB npz, "
@@ -901,9 +1639,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=HERE, help="output directory (default: tests/models)")
     ap.add_argument(
-        "--only", nargs="*", help="only these fixture names (manifest is rewritten with only them)"
+        "--only",
+        nargs="*",
+        help="only these fixtures (fixture names, base names such as kv_llm, or a group: "
+        f"{', '.join(GROUPS)}); their entries replace those of the same name in an existing "
+        "manifest.json, the others are kept",
     )
     args = ap.parse_args()
+    if args.only:
+        args.only = [n for o in args.only for n in GROUPS.get(o, [o])]
     os.makedirs(args.out, exist_ok=True)
 
     import onnx
@@ -928,9 +1672,14 @@ def main():
     print("versions:", versions)
 
     fixtures, skipped = [], OrderedDict()
-    seed = 100
+    # data seed of a fixture = 101 + its index in MODELS, so --only reproduces a full run's data
+    all_names = [e[2] for _, _, exports in MODELS for e in exports]
     for base, builder, exports in MODELS:
-        wanted = [(e + ({},))[:4] for e in exports if not args.only or e[2] in args.only]
+        wanted = [
+            (e + ({},))[:4]
+            for e in exports
+            if not args.only or e[2] in args.only or base in args.only
+        ]
         if not wanted:
             continue
         print(f"== {base}")
@@ -943,7 +1692,7 @@ def main():
                 skipped[name] = f"building {base} failed: {type(e).__name__}: {e}"
             continue
         for exporter, opset, name, options in wanted:
-            seed += 1
+            seed = 101 + all_names.index(name)
             try:
                 fixtures.append(make_fixture(name, exporter, opset, spec, args.out, seed, options))
             except Exception as e:
@@ -956,14 +1705,35 @@ def main():
                     if os.path.exists(p):
                         os.remove(p)
 
+    manifest_path = os.path.join(args.out, "manifest.json")
+    if args.only and os.path.exists(manifest_path):
+        # merge: keep the entries of fixtures not regenerated now, in MODELS order
+        with open(manifest_path) as f:
+            old = json.load(f, object_pairs_hook=OrderedDict)
+        if old.get("versions") != versions:
+            print(f"note: manifest versions {old.get('versions')} -> {versions}")
+        done = {e["name"] for e in fixtures} | set(skipped)
+        by_name = {e["name"]: e for e in old.get("fixtures", []) if e["name"] not in done}
+        by_name.update({e["name"]: e for e in fixtures})
+        order = [e[2] for _, _, exports in MODELS for e in exports]
+        fixtures = sorted(
+            by_name.values(),
+            key=lambda e: order.index(e["name"]) if e["name"] in order else len(order),
+        )
+        old_skipped = OrderedDict(
+            (k, v) for k, v in old.get("skipped", {}).items() if k not in done
+        )
+        old_skipped.update(skipped)
+        skipped = old_skipped
     manifest = OrderedDict(
         generator="tests/models/make_models.py",
         versions=versions,
-        npz_layout="for data set k: in{k}:<input name>, out{k}:<output name>; outputs computed by onnxruntime",
+        npz_layout="for data set k: in{k}:<input name>, out{k}:<output name>; outputs computed by onnxruntime; "
+        'a fixture with a "greedy" entry also has greedy:prompt and greedy:tokens',
         fixtures=fixtures,
         skipped=skipped,
     )
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+    with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=1)
         f.write("\n")
 

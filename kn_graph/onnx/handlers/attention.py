@@ -186,7 +186,7 @@ def attention(ctx: NodeContext) -> list[Result | None]:
         k, v = g.concat([pk, k], 2), g.concat([pv, v], 2)
     b, hq, m, _ = g.shape(q)
     hkv, n = g.shape(k)[1], g.shape(k)[2]
-    if not (hq.is_fixed and hkv.is_fixed) or hkv.factor < 1 or hq.factor % hkv.factor:
+    if not (hq.is_fixed and hkv.is_fixed) or hkv.as_int() < 1 or hq.as_int() % hkv.as_int():
         ctx.unsupported(f"{hq} query heads cannot share {hkv} key/value heads")
     s = _settings(ctx, q)
     r = _restrictions(ctx, past, m)
@@ -197,7 +197,7 @@ def attention(ctx: NodeContext) -> list[Result | None]:
     fused_causal = plain_causal and _bottom_right(past, m, n)
     bias = None if fused_causal else attention_bias(ctx, mask, r, m, n, dtype)
     guard = None
-    if bias is not None and not (plain_causal and past.factor >= 0):
+    if bias is not None and not (plain_causal and past.provably_nonneg()):
         guard = fully_masked_rows(ctx, bias)
     if s.softcap > 0 or s.wants_qk or s.precision is not None:
         y, qk_out = _explicit(ctx, q, k, v, bias, guard, s)

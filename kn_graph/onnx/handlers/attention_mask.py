@@ -42,11 +42,11 @@ def _offset_value(ctx: NodeContext, r: Restrictions, m: Size) -> Value:
     if r.nonpad is not None:
         b = g.shape(r.nonpad)[0]
         return g.view(
-            g.sub(r.nonpad, ctx.size_value(m, DType.I64) if not m.is_fixed else m.factor),
+            g.sub(r.nonpad, ctx.size_value(m, DType.I64) if not m.is_fixed else m.as_int()),
             Shape.of(b, 1, 1, 1),
         )
     if r.offset.is_fixed:
-        return g.scalar(r.offset.factor, DType.I64)
+        return g.scalar(r.offset.as_int(), DType.I64)
     return ctx.size_value(r.offset, DType.I64)
 
 
@@ -83,10 +83,10 @@ def _user_mask(ctx: NodeContext, mask: Value, n: Size, dtype: DType) -> Value:
         ctx.unsupported(f"attn_mask of rank {shape.rank}")
     last = shape[-1]
     if last != n:
-        if not (last.is_fixed and n.is_fixed and last.factor < n.factor):
+        if not (last.is_fixed and n.is_fixed and last.as_int() < n.as_int()):
             ctx.unsupported(f"attn_mask's last axis {last} does not fit {n} keys")
         fill: bool | float = False if g.dtype(mask).is_bool else -math.inf
-        mask = g.pad(mask, [(0, 0)] * (shape.rank - 1) + [(0, n.factor - last.factor)], value=fill)
+        mask = g.pad(mask, [(0, 0)] * (shape.rank - 1) + [(0, n.as_int() - last.as_int())], value=fill)
     if g.dtype(mask).is_bool:
         return g.select(mask, g.scalar(0.0, dtype), -math.inf)
     if not g.dtype(mask).is_float:

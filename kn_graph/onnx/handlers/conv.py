@@ -124,7 +124,7 @@ def _transpose_pads(
         return [(0, 0)] * nd
     if not all(s.is_fixed for s in sizes):
         ctx.unsupported("output_shape / auto_pad SAME with symbolic spatial sizes")
-    ns = [s.factor for s in sizes]
+    ns = [s.as_int() for s in sizes]
     if output_shape is None:
         target = [n * s for n, s in zip(ns, strides, strict=True)]
     else:

@@ -72,8 +72,9 @@ def _bounds(x: Elem) -> tuple[float, float]:
     """The values an element can take: a symbolic size is a monomial of non-negative symbols."""
     if isinstance(x, Size):
         if x.is_fixed:
-            return float(x.factor), float(x.factor)
-        return (0.0, math.inf) if x.factor > 0 else (-math.inf, 0.0)
+            return float(x.as_int()), float(x.as_int())
+        lo, hi = x.bounds()
+        return float(lo), float(hi)
     return float(x), float(x)
 
 
@@ -617,6 +618,12 @@ def _known_cast(ctx: NodeContext, k: Known, to: DType) -> Result:
 
 def _cast(ctx: NodeContext, to: DType) -> Result:
     ctx.ignore_attrs("saturate", "round_mode")  # they only affect float8 targets, refused above
+    r = ctx.raw_input(0)
+    if isinstance(r, Known) and r.is_symbolic and r.data.size == 1 and to.is_float:
+        # a size as a float (Range bounds in dynamo exports): remember which size it is
+        v = ctx.graph.cast(ctx.materialize(r), to)
+        ctx.loader.value_sizes[v] = r.sizes()[0]
+        return v
     return _known_or_graph(
         ctx,
         lambda ks: _known_cast(ctx, ks[0], to),

@@ -143,25 +143,22 @@ def _from_sizes(
     factors: list[float] = []
     for i, o in zip(ins, sizes, strict=True):
         if i.is_fixed and o.is_fixed:
-            if i.factor == 0:
+            if i.as_int() == 0:
                 ctx.unsupported("resizing an empty axis")
-            factors.append(o.factor / i.factor)
+            factors.append(o.as_int() / i.as_int())
         else:
-            try:
-                ratio = o // i
-            except GraphError:  # not an exact multiple
-                ratio = None
+            ratio = o // i if i.divides(o) else None
             if ratio is None or not ratio.is_fixed:
                 ctx.unsupported(
                     f"output size {o} is not an integer multiple of the symbolic size {i}"
                 )
-            factors.append(float(ratio.factor))
+            factors.append(float(ratio.as_int()))
     if policy == "stretch":
         return list(sizes), factors
     scale = min(factors) if policy == "not_larger" else max(factors)
     if not all(i.is_fixed for i in ins):
         ctx.unsupported(f"keep_aspect_ratio_policy '{policy}' with symbolic sizes")
-    return [Size(int(scale * i.factor + 0.5)) for i in ins], [scale] * len(ins)
+    return [Size(int(scale * i.as_int() + 0.5)) for i in ins], [scale] * len(ins)
 
 
 # -- applying the plan ---------------------------------------------------------------------------
@@ -232,15 +229,12 @@ def _symbolic_axis(ctx: NodeContext, x: Value, p: AxisPlan, interp: Interp) -> V
     """An axis of symbolic size: only integer nearest repetition is expressible; it is checked
     against the tables of a few concrete sizes (edges included) before being used."""
     size = ctx.graph.shape(x)[p.axis]
-    try:
-        k = p.out // size
-    except GraphError:
-        k = None
-    if k is None or not k.is_fixed or k.factor < 1 or interp.mode != "nearest" or p.roi is not None:
+    k = p.out // size if size.divides(p.out) else None
+    if k is None or not k.is_fixed or k.as_int() < 1 or interp.mode != "nearest" or p.roi is not None:
         ctx.unsupported(
             f"resizing the symbolic axis {p.axis} ({size} -> {p.out}) is not an integer nearest repetition"
         )
-    reps = k.factor
+    reps = k.as_int()
     for n in (1, 2, 3, 5, 8):
         taps = axis_taps(_resolve_nearest(interp, p.scale), n, n * reps, p.scale)
         if not np.array_equal(taps.selected(), np.repeat(np.arange(n), reps)):
@@ -270,17 +264,17 @@ def _resize(ctx: NodeContext, interp: Interp) -> Value:
         if p.out == Size(0):  # an empty result, as the reference and onnxruntime give
             x = g.slice_raw(x, p.axis, 0, 1, 0)
             continue
-        if not (1 <= p.out.factor <= MAX_SIZE and size.factor >= 1):
+        if not (1 <= p.out.as_int() <= MAX_SIZE and size.as_int() >= 1):
             ctx.unsupported(f"resizing axis {p.axis} from {size} to {p.out}")
         axis_interp = _resolve_nearest(interp, p.scale)
-        taps = axis_taps(axis_interp, size.factor, p.out.factor, p.scale, p.roi)
+        taps = axis_taps(axis_interp, size.as_int(), p.out.as_int(), p.scale, p.roi)
         if interp.coord in LENGTH_SENSITIVE:
-            spec = axis_taps(axis_interp, size.factor, p.out.factor, p.scale, p.roi, by_length=True)
+            spec = axis_taps(axis_interp, size.as_int(), p.out.as_int(), p.scale, p.roi, by_length=True)
             if not taps.same_as(spec):
                 ctx.unsupported(
                     f"{interp.coord} on axis {p.axis} with a fractional output width "
-                    f"{size.factor} x {p.scale:g}: the ONNX reference divides by that width, the "
-                    f"spec and onnxruntime by the output length {p.out.factor}; they disagree"
+                    f"{size} x {p.scale:g}: the ONNX reference divides by that width, the "
+                    f"spec and onnxruntime by the output length {p.out}; they disagree"
                 )
         x = _apply_taps(ctx, x, p.axis, taps, extrapolation)
     return x

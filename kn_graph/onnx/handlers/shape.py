@@ -174,7 +174,7 @@ def reshape(ctx: NodeContext) -> Result:
             dims.append(in_shape[i])
         elif d == Size(-1):
             dims.append(None)
-        elif d.factor < 0:
+        elif d.bounds()[1] < 0:
             ctx.unsupported(f"invalid target dim {d}")
         else:
             dims.append(d)
@@ -274,7 +274,7 @@ def _split_sizes(ctx: NodeContext, dim: Size, n_out: int) -> list[Size]:
         given = ctx.input_sizes(1, "split")  # may be symbolic: [seq, 0] in rotary exports
     if given is not None:
         shown = [str(s) for s in given]
-        if len(given) != n_out or any(s.factor < 0 for s in given):
+        if len(given) != n_out or any(s.bounds()[1] < 0 for s in given):
             ctx.unsupported(f"split {shown} does not give {n_out} non-negative sizes")
         total = Size(0)
         for s in given:
@@ -287,8 +287,8 @@ def _split_sizes(ctx: NodeContext, dim: Size, n_out: int) -> list[Size]:
         if n != n_out or n < 1:
             ctx.unsupported(f"num_outputs {n} but the node has {n_out} outputs")
         if dim.is_fixed:
-            chunk = -(-dim.factor // n)
-            sizes = [min(chunk, max(dim.factor - i * chunk, 0)) for i in range(n)]
+            chunk = -(-dim.as_int() // n)
+            sizes = [min(chunk, max(dim.as_int() - i * chunk, 0)) for i in range(n)]
             if sizes[-1] == 0:
                 ctx.unsupported(f"axis size {dim} cannot be split into {n} non-empty chunks")
             return [Size(s) for s in sizes]
@@ -317,7 +317,7 @@ def split(ctx: NodeContext) -> list[Result]:
 @onnx_op("Expand")
 def expand(ctx: NodeContext) -> Result:
     target = ctx.input_sizes(1, "the target shape")
-    if any(d.factor < 0 for d in target):
+    if any(d.bounds()[1] < 0 for d in target):
         ctx.unsupported(f"negative size in the target shape {[str(d) for d in target]}")
     out = broadcast_shapes(ctx.input_shape(0), Shape(tuple(target)))
     r = ctx.raw_input(0)
@@ -346,7 +346,7 @@ def tile(ctx: NodeContext) -> Result:
 @onnx_op("ConstantOfShape")
 def constant_of_shape(ctx: NodeContext) -> Result:
     dims = ctx.input_sizes(0, "the shape")
-    if any(d.factor < 0 for d in dims):
+    if any(d.bounds()[1] < 0 for d in dims):
         ctx.unsupported(f"negative size in the shape {[str(d) for d in dims]}")
     value = ctx.attr_tensor("value")
     if value is None:
@@ -416,6 +416,9 @@ def _range_scalar(ctx: NodeContext, i: int, what: str) -> Size | np.generic:
         if k.data.size != 1:
             ctx.unsupported(f"{what} must be a scalar, found shape {list(k.shape)}")
         return k.sizes()[0]
+    r = ctx.raw_input(i)
+    if isinstance(r, Value) and r in ctx.loader.value_sizes:
+        return ctx.loader.value_sizes[r]
     arr = np.asarray(ctx.input_static(i, what))
     if arr.size != 1:
         ctx.unsupported(f"{what} must be a scalar, found shape {list(arr.shape)}")
@@ -428,10 +431,22 @@ def range_(ctx: NodeContext) -> Result:
     start, limit, delta = (
         _range_scalar(ctx, i, w) for i, w in enumerate(("start", "limit", "delta"))
     )
+    if any(isinstance(v, Size) and not v.is_fixed for v in (start, limit, delta)):
+        # symbolic float bounds: integer-valued constants join the size arithmetic
+        conv = []
+        for v in (start, limit, delta):
+            if not isinstance(v, Size):
+                f = float(v.item())
+                if not f.is_integer():
+                    ctx.unsupported(f"a Range over a symbolic size with fractional bound {f}")
+                v = Size(int(f))
+            conv.append(v)
+        start, limit, delta = conv
     if not all(isinstance(v, Size) for v in (start, limit, delta)):
         # float range: computed here exactly as the reference does (in float64, then cast)
         lo, hi, d = (
-            float(v.factor) if isinstance(v, Size) else v.item() for v in (start, limit, delta)
+            float(v.as_int("a float Range bound")) if isinstance(v, Size) else v.item()
+            for v in (start, limit, delta)
         )
         if d == 0:
             ctx.unsupported("delta is zero")
@@ -448,14 +463,14 @@ def range_(ctx: NodeContext) -> Result:
     if step == 0:
         ctx.unsupported("delta is zero")
     if start.is_fixed and limit.is_fixed:
-        arr = np.arange(start.factor, limit.factor, step)
+        arr = np.arange(start.as_int(), limit.as_int(), step)
         return (
             known(arr, dtype)
             if arr.size <= KNOWN_LIMIT
             else ctx.graph.constant(arr.astype(dtype.np))
         )
-    # symbolic length: iota·delta + start, when (limit - start) / delta is an exact size
-    n = (limit - start) // step if step > 0 else (start - limit) // -step
+    # symbolic length: iota·delta + start, max(ceil((limit - start) / delta), 0) elements
+    n = Size.max((limit - start).ceildiv(step) if step > 0 else (start - limit).ceildiv(-step), 0)
     g = ctx.graph
     ramp = g.mul(g.iota(Shape.of(n), 0, dtype), step)
     return g.add(ramp, scalar_operand(ctx, start, dtype)) if start != Size(0) else ramp

@@ -42,45 +42,10 @@ def _slice_axis(ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, s
     g = ctx.graph
     dim = g.shape(x)[axis]
     if dim.is_fixed and start.is_fixed and end.is_fixed:
-        first, length = _fixed_bounds(dim.factor, start.factor, end.factor, step)
+        first, length = _fixed_bounds(dim.as_int(), start.as_int(), end.as_int(), step)
         return g.slice_raw(x, axis, first, step, length)
-    if step < 0:
-        return _reverse_symbolic(ctx, x, axis, start, end, step)
-    if start.is_fixed and start.factor <= -INT_BIG:  # "from minus infinity" clamps to the start
-        start = Size(0)
-    if (start.is_fixed and start.factor >= INT_BIG) or (end.is_fixed and end.factor <= -INT_BIG):
-        return g.slice_raw(x, axis, 0, 1, 0)
-    to_end = end.is_fixed and end.factor >= INT_BIG
-    if start.is_fixed and start.factor < 0 and (to_end or (end.is_fixed and end.factor < 0)):
-        # both bounds count from the end of a symbolic axis: a fixed count at runtime offsets
-        last = 0 if to_end else end.factor
-        length = max(0, -(-(last - start.factor) // step))
-        offsets = g.constant(start.factor + step * np.arange(length, dtype=np.int64))
-        return g.gather(x, axis, g.add(offsets, scalar_operand(ctx, dim, DType.I64)))
-    if (start.is_fixed and start.factor < 0) or (end.is_fixed and end.factor < 0):
-        ctx.unsupported(
-            f"bounds {start}:{end} mix the start and the end of symbolic axis {axis} ({dim})"
-        )
-    stop = dim if to_end else end
-    count = stop - start
-    # a symbolic count must divide exactly by the step (else refused)
-    count_out = Size(max(0, -(-count.factor // step))) if count.is_fixed else count // step
-    return g.slice_raw(x, axis, start, step, count_out)
-
-
-def _reverse_symbolic(
-    ctx: NodeContext, x: Value, axis: int, start: Size, end: Size, step: int
-) -> Value:
-    """x[::-1] on a symbolic axis (torch.flip exports): a runtime gather of indices dim-1-iota."""
-    g = ctx.graph
-    dim = g.shape(x)[axis]
-    whole = start.is_fixed and (start.factor == -1 or start.factor >= INT_BIG)
-    if step != -1 or not whole or not (end.is_fixed and end.factor <= -INT_BIG):
-        ctx.unsupported(
-            f"negative step {step} with bounds {start}:{end} on symbolic axis {axis} ({dim})"
-        )
-    last = g.sub(scalar_operand(ctx, dim, DType.I64), 1) if not dim.is_fixed else dim.factor - 1
-    return g.gather(x, axis, g.sub(last, g.iota(Shape.of(dim), 0)))
+    # symbolic: bounds normalised and assumed on the axis, with guards (`Graph.slice`)
+    return g.slice(x, axis, start, end, step)
 
 
 def _slice_args(
@@ -107,15 +72,15 @@ def slice_(ctx: NodeContext) -> Result:
     if len(set(norm)) != len(norm) or 0 in steps:
         ctx.unsupported(f"repeated axes {axes} or a zero step {steps}")
     for e, st in zip(ends, steps, strict=True):
-        if st < 0 and e.is_fixed and e.factor >= INT_BIG:
+        if st < 0 and e.is_fixed and e.as_int() >= INT_BIG:
             # the spec clamps it to the last element (an empty slice), onnxruntime reads "to the
             # start": refuse rather than pick one
-            ctx.unsupported(f"end {e.factor} with negative step {st} (implementations disagree)")
+            ctx.unsupported(f"end {e} with negative step {st} (implementations disagree)")
     r = ctx.raw_input(0)
     fixed = all(s.is_fixed for s in starts + ends)
     if isinstance(r, Known) and fixed:
         for a, s, e, st in zip(norm, starts, ends, steps, strict=True):
-            first, length = _fixed_bounds(r.shape[a], s.factor, e.factor, st)
+            first, length = _fixed_bounds(r.shape[a], s.as_int(), e.as_int(), st)
             r = known_take(r, first + st * np.arange(length), a)
         return r
     x = ctx.input(0)
@@ -174,7 +139,7 @@ def gather(ctx: NodeContext) -> Result:
         flat = idx.reshape(-1)
         if dim.is_fixed:
             return _take_flat(
-                ctx, x, axis, g.constant(_normalise(ctx, flat, dim.factor, "gather")), out
+                ctx, x, axis, g.constant(_normalise(ctx, flat, dim.as_int(), "gather")), out
             )
         if (flat >= 0).all():
             return _take_flat(ctx, x, axis, g.constant(flat), out)
@@ -235,7 +200,7 @@ def gather_elements(ctx: NodeContext) -> Result:
     if idx_shape.rank != shape.rank:
         ctx.unsupported(f"indices rank {idx_shape.rank} differs from data rank {shape.rank}")
     for i, (n, d) in enumerate(zip(idx_shape, shape, strict=True)):
-        fits = n == d or (n.is_fixed and d.is_fixed and n.factor <= d.factor)
+        fits = n == d or (n.is_fixed and d.is_fixed and n.as_int() <= d.as_int())
         if i != axis and not fits:
             ctx.unsupported(f"indices {idx_shape} do not fit in data {shape} on axis {i}")
     g = ctx.graph
@@ -243,7 +208,7 @@ def gather_elements(ctx: NodeContext) -> Result:
     idx = _static_indices(ctx, 1)
     if idx is not None and shape.is_fixed:
         static = _static_coords(
-            idx, axis, _normalise(ctx, idx, shape[axis].factor, "gather_elements")
+            idx, axis, _normalise(ctx, idx, shape[axis].as_int(), "gather_elements")
         )
         return _take_flat(ctx, x, 0, g.constant(_ravel(static, shape.fixed_dims())), idx_shape)
     along = _wrap_runtime(ctx, ctx.input(1), shape[axis])
@@ -293,7 +258,7 @@ def compress(ctx: NodeContext) -> Result:
     else:
         x, axis = g.view(x, Shape.of(shape.size())), 0
     dim = g.shape(x)[axis]
-    if dim.is_fixed and cond.size > dim.factor:
+    if dim.is_fixed and cond.size > dim.as_int():
         ctx.unsupported(f"condition of length {cond.size} is longer than the axis ({dim})")
     return g.gather(x, axis, g.constant(np.nonzero(cond)[0].astype(np.int64)))
 
@@ -352,7 +317,7 @@ def pad(ctx: NodeContext) -> Result:
         per_axis[axis_of(ctx, a, rank)] = (pads[i], pads[i + len(axes)])
     shape = ctx.input_shape(0)
     for axis, (before, after) in enumerate(per_axis):
-        if shape[axis].is_fixed and shape[axis].factor - max(-before, 0) - max(-after, 0) < 0:
+        if shape[axis].is_fixed and shape[axis].as_int() - max(-before, 0) - max(-after, 0) < 0:
             ctx.unsupported(
                 f"pads {before, after} crop more than the {shape[axis]} elements of axis {axis}"
             )
