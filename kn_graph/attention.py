@@ -17,7 +17,7 @@ import math
 from kn_graph.dtype import DType
 from kn_graph.errors import GraphError
 from kn_graph.graph import Graph
-from kn_graph.ops import BinaryOp, ReduceOp, Value
+from kn_graph.ops import BinaryOp, Value
 from kn_graph.shape import Shape, Size
 
 __all__ = ["causal_allowed", "decompose_attention"]

@@ -99,9 +99,7 @@ def broadcast_shapes(*shapes: Shape, equate: Equate | None = None) -> Shape:
             if dim == Size(1):
                 dim = d
             elif equate is not None and not (dim.is_fixed and d.is_fixed):
-                dim = equate(
-                    dim, d, f"broadcasting {', '.join(map(str, shapes))} (axis {i})"
-                )
+                dim = equate(dim, d, f"broadcasting {', '.join(map(str, shapes))} (axis {i})")
             else:
                 raise GraphError(
                     f"cannot broadcast shapes {', '.join(map(str, shapes))}: axis {i} has sizes "
@@ -298,6 +296,8 @@ class Graph(NNBuilders):
         """`x` re-labelled with the sizes of `shape` (right-aligned; size-1 axes kept) where they
         were equated with a guard: same data, same element count at every valid binding."""
         info = self[x]
+        if info.shape == shape:
+            return x
         off = shape.rank - info.rank
         dims = list(info.shape.dims)
         for i, d in enumerate(dims):
@@ -313,9 +313,10 @@ class Graph(NNBuilders):
     def _push(self, shape: Shape, dtype: DType, op: Op, name: str = "") -> Value:
         if not isinstance(dtype, DType):
             raise GraphError(f"{op.NAME}: expected a DType, found {dtype!r}")
-        for axis, d in enumerate(shape):
-            if d.is_fixed:
-                if d.as_int() < 0:
+        for axis, d in enumerate(shape.dims):
+            v = d.fixed_value()
+            if v is not None:
+                if v < 0:
                     raise GraphError(f"{op.NAME}: negative size {d} in shape {shape}")
             elif not d.provably_nonneg():
                 if d.bounds()[1] < 0:
@@ -453,7 +454,7 @@ class Graph(NNBuilders):
         if info.shape == shape:
             return x
         if info.shape.size() != shape.size():
-            if self.equate is None or info.shape.is_fixed and shape.is_fixed:
+            if self.equate is None or (info.shape.is_fixed and shape.is_fixed):
                 raise GraphError(
                     f"view: cannot reshape {info.shape} to {shape} (element counts differ)"
                 )
@@ -631,7 +632,9 @@ class Graph(NNBuilders):
                             f"concat: operand {i} has shape {inf.shape}, which differs from "
                             f"{first.shape} off the concat axis {axis}"
                         )
-                    self._same(first.shape[a], inf.shape[a], f"concat of {first.shape} and {inf.shape}")
+                    self._same(
+                        first.shape[a], inf.shape[a], f"concat of {first.shape} and {inf.shape}"
+                    )
             total = total + inf.shape[axis]
         if self.equate is not None:
             like = first.shape

@@ -218,7 +218,10 @@ class NNBuilders:
             if self.equate is None:
                 raise GraphError(f"matmul: inner sizes differ ({ai.shape} @ {bi.shape})")
             k = self._same(k, k2, f"matmul {ai.shape} @ {bi.shape}")
-            a, b = self._conform(a, sa.replace(-1 + sa.rank, k)), self._conform(b, sb.replace(sb.rank - 2, k))
+            a, b = (
+                self._conform(a, sa.replace(-1 + sa.rank, k)),
+                self._conform(b, sb.replace(sb.rank - 2, k)),
+            )
             sa, sb = self[a].shape, self[b].shape
         batch = broadcast_batch(Shape(sa.dims[:-2]), Shape(sb.dims[:-2]), self._equate_or_none())
         if self.equate is not None:
@@ -391,10 +394,8 @@ class NNBuilders:
                 raise GraphError(f"pool: invalid kernel/stride/dilation/pads on axis {i}")
             span = n + pb + pa - d * (k - 1) - 1
             self.add_guard(span, ">=", 0, f"pool: axis {i} ({n}) padded must hold the kernel {k}")
-            if ceil_mode:  # the last window must start inside the input or the left padding
-                o = Size.min(span.ceildiv(s) + 1, (n + pb).ceildiv(s))
-            else:
-                o = span // s + 1
+            # ceil mode: the last window must start inside the input or the left padding
+            o = Size.min(span.ceildiv(s) + 1, (n + pb).ceildiv(s)) if ceil_mode else span // s + 1
             outs.append(o)
             extra.append(Size.max(0, (o - 1) * s + d * (k - 1) + 1 - (n + pb + pa)))
         fill = _lowest(info.dtype) if kind == "max" else 0
@@ -405,16 +406,19 @@ class NNBuilders:
                 win = v
                 for i, o in enumerate(offs):
                     win = self.slice_raw(win, lead + i, o * dilation[i], stride[i], outs[i])
-                acc = win if acc is None else (
-                    self.maximum(acc, win) if kind == "max" else self.add(acc, win)
+                acc = (
+                    win
+                    if acc is None
+                    else (self.maximum(acc, win) if kind == "max" else self.add(acc, win))
                 )
             assert acc is not None
             return acc
 
         padded = self._pad_sizes(
-            x, [(Size(0), Size(0))] * first + [
-                (Size(pb), pa + e) for (pb, pa), e in zip(pads, extra, strict=True)
-            ], fill
+            x,
+            [(Size(0), Size(0))] * first
+            + [(Size(pb), pa + e) for (pb, pa), e in zip(pads, extra, strict=True)],
+            fill,
         )
         acc = windows(padded, first)
         if kind == "max":

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from kn_graph.errors import GraphError, ShapeMismatchError
 
@@ -46,7 +45,7 @@ class _Node:
         return f"{self.kind}({','.join(a.key for a in self.args)})"
 
 
-Atom = Union[str, _Node]
+Atom = str | _Node
 Mono = tuple[tuple[Atom, int], ...]
 
 
@@ -83,18 +82,15 @@ class Size:
     """An integer expression; immutable, hashable, canonical. Build with `Size(3)`,
     `Size.sym("B")` and arithmetic (`+ - * // %`, `Size.ceildiv`, `Size.min`, `Size.max`)."""
 
-    __slots__ = ("_hash", "_key", "_lo", "_hi", "terms")
+    __slots__ = ("_hash", "_hi", "_key", "_lo", "_nonneg", "terms")
     terms: tuple[tuple[Mono, int], ...]
 
     def __init__(self, value: int = 0, terms: tuple[tuple[Mono, int], ...] | None = None) -> None:
+        # the cached fields (_hash, _key, _lo, _hi, _nonneg) are filled on first use
         if terms is None:
             value = int(value)
             terms = (((), value),) if value else ()
         object.__setattr__(self, "terms", terms)
-        object.__setattr__(self, "_hash", None)
-        object.__setattr__(self, "_key", None)
-        object.__setattr__(self, "_lo", None)
-        object.__setattr__(self, "_hi", None)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Size is immutable")
@@ -178,13 +174,14 @@ class Size:
     @property
     def key(self) -> str:
         """A canonical text used to order atoms (not for display)."""
-        k = self._key
-        if k is None:
+        try:
+            return self._key
+        except AttributeError:
             k = "+".join(
                 f"{c}*" + "*".join(f"{_atom_key(a)[1]}^{e}" for a, e in m) for m, c in self.terms
             )
             object.__setattr__(self, "_key", k)
-        return k
+            return k
 
     def eval(self, bindings: Mapping[str, int]) -> int:
         out = 0
@@ -212,17 +209,22 @@ class Size:
     # -- bounds --------------------------------------------------------------------------------
     def bounds(self) -> tuple[float, float]:
         """An interval [lo, hi] containing every value (symbols are >= 0); ints or ±inf."""
-        if self._lo is None:
+        try:
+            return self._lo, self._hi
+        except AttributeError:
             lo, hi = _interval(self)
             object.__setattr__(self, "_lo", lo)
             object.__setattr__(self, "_hi", hi)
-        return self._lo, self._hi  # type: ignore[return-value]
+            return lo, hi
 
     def provably_nonneg(self) -> bool:
         """True when the size is >= 0 for every binding of its symbols (symbols >= 0)."""
-        if self.bounds()[0] >= 0:
-            return True
-        return _refined_nonneg(self, 2)
+        try:
+            return self._nonneg
+        except AttributeError:
+            ok = self.bounds()[0] >= 0 or _refined_nonneg(self, 2)
+            object.__setattr__(self, "_nonneg", ok)
+            return ok
 
     # -- arithmetic ----------------------------------------------------------------------------
     def __add__(self, other: SizeLike) -> Size:
@@ -325,11 +327,12 @@ class Size:
         return NotImplemented
 
     def __hash__(self) -> int:
-        h = self._hash
-        if h is None:
+        try:
+            return self._hash
+        except AttributeError:
             h = hash(self.terms)
             object.__setattr__(self, "_hash", h)
-        return h
+            return h
 
     def __reduce__(self) -> tuple[object, ...]:
         return (Size, (0, self.terms))
@@ -467,7 +470,7 @@ def _floordiv_const(a: Size, c: int) -> Size:
         if all(not isinstance(a, _Node) for m, _ in p.terms for a, _ in m):
             return out + _floordiv_const(node.args[0] + p * d, d * c)
     lo, hi = r_size.bounds()
-    if 0 <= lo and hi < c:
+    if lo >= 0 and hi < c:
         return out
     return out + Size._atom(_Node("floordiv", (r_size, Size(c))))
 
@@ -705,6 +708,16 @@ class Guard:
         v = d.fixed_value()
         if v is not None and not (v == 0 if rel == "==" else v >= 0):
             raise GraphError(f"{where + ': ' if where else ''}{what} requires {lhs} {rel} {rhs}")
+        if rel == ">=" and v is None:
+            # canonical and short: c·x + k >= 0 becomes x >= ceil(-k / c) (integers)
+            k = sum(c for m, c in d.terms if not m)
+            g = math.gcd(*(c for m, c in d.terms if m))
+            if all(c < 0 for m, c in d.terms if m):  # -g·x + k >= 0: k // g >= x
+                lhs = Size(k // g)
+                rhs = Size._of_dict({m: -c // g for m, c in d.terms if m})
+            else:
+                lhs = Size._of_dict({m: c // g for m, c in d.terms if m})
+                rhs = Size(-(k // g))
         return Guard(lhs, rel, rhs, where, what)
 
     @property

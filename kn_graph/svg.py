@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import assert_never
 
+import numpy as np
+
 from kn_graph.errors import KnError
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
@@ -255,11 +257,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--batch", type=int, default=None, metavar="N", help=f"show shapes with {BATCH}=N"
     )
+    ap.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.npy",
+        help="an input's value: needed for inputs that decide shapes (Reshape targets, Resize "
+        "sizes, ...); other inputs' shapes are used where a size cannot stay symbolic",
+    )
     args = ap.parse_args(argv)
     try:
-        from kn_graph.onnx import load_onnx
+        from kn_graph.onnx import ValueSpecializedModel, load_onnx
 
-        graph = load_onnx(args.model)
+        loaded = load_onnx(args.model)
+        if isinstance(loaded, ValueSpecializedModel):
+            values = {}
+            for item in args.input:
+                name, _, file = item.partition("=")
+                try:
+                    values[name] = np.load(file)
+                except (OSError, ValueError) as e:
+                    raise KnError(f"--input {item}: cannot read {file}: {e}") from None
+            missing = [n for n in loaded.value_inputs if n not in values]
+            if missing:
+                raise KnError(
+                    f"the model's shapes depend on the values of inputs {missing}: give them "
+                    "with --input NAME=FILE.npy"
+                )
+            loaded = loaded.specialize(values)
+        graph = loaded
         if args.optimize:
             from kn_graph.optimizer import optimize
 

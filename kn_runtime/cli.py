@@ -22,9 +22,9 @@ import numpy as np
 
 from kn_graph.cpu import bind_inputs
 from kn_graph.dtype import DType
-from kn_graph.errors import KnError
+from kn_graph.errors import KnError, OnnxImportError, StaticInputRequiredError
 from kn_graph.graph import Graph
-from kn_graph.onnx import load_onnx
+from kn_graph.onnx import ValueSpecializedModel, load_onnx
 from kn_graph.shape import BATCH, infer_symbols
 from kn_runtime.device import Device
 
@@ -116,8 +116,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     path = Path(args.model) if args.model else default_model_path()
+    given = {k: np.load(v) for k, v in _parse_kv(args.input, "--input").items()}
     t0 = time.perf_counter()
-    graph = load_onnx(path)
+    loaded = load_onnx(path)
+    if isinstance(loaded, ValueSpecializedModel):
+        # shapes decided by the values of some inputs: those must be given, the graph is
+        # loaded for them
+        try:
+            graph = loaded.specialize(given)
+        except (StaticInputRequiredError, OnnxImportError) as e:
+            raise KnError(
+                f"the model's shapes depend on the values of inputs {loaded.value_inputs}: give "
+                f"them with --input NAME=FILE.npy ({e})"
+            ) from None
+        given = {k: v for k, v in given.items() if k not in loaded.value_inputs}
+    else:
+        graph = loaded
     t_load = time.perf_counter() - t0
     n_loaded = len(graph)
     t0 = time.perf_counter()
@@ -131,7 +145,6 @@ def _run(args: argparse.Namespace) -> int:
         print(graph)
 
     device = {"cpu": Device.cpu, "cuda": Device.cuda, "best": Device.best}[args.device]()
-    given = {k: np.load(v) for k, v in _parse_kv(args.input, "--input").items()}
     dims = {k: int(v) for k, v in _parse_kv(args.dim, "--dim").items()}
     fixed = dict(dims)
     if args.batch is not None:

@@ -234,9 +234,7 @@ class SpecializingPreparedGraph(PreparedGraph):
     pick (or load, once) a graph in which they are constants; that graph is prepared on the
     device and evaluated with the other inputs. Cached per distinct value."""
 
-    def __init__(
-        self, model: Any, device: Device, batch_size: int | None, settings: Any
-    ) -> None:
+    def __init__(self, model: Any, device: Device, batch_size: int | None, settings: Any) -> None:
         self.model = model
         self.device = device
         self.batch_size = batch_size

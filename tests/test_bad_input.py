@@ -154,7 +154,7 @@ def test_static_input_required_names_the_input() -> None:
     )
     m = helper.make_model(g)
     with pytest.raises(StaticInputRequiredError) as e:
-        load_onnx(m)
+        load_onnx(m, static=True)
     assert e.value.input_name == "s" and "input_values" in str(e.value)
     graph = load_onnx(m, input_values={"s": np.array([6], np.int64)})
     x = np.arange(6, dtype=np.float32).reshape(2, 3)

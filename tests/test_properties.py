@@ -16,7 +16,9 @@ from kn_graph.cpu import evaluate
 from kn_graph.graph import broadcast_shapes
 
 SYMBOLS = ("B", "S", "T")
-FAST = settings(max_examples=int(__import__("os").environ.get("KN_HYPOTHESIS_EXAMPLES", 60)), deadline=None)
+FAST = settings(
+    max_examples=int(__import__("os").environ.get("KN_HYPOTHESIS_EXAMPLES", 60)), deadline=None
+)
 SLOW = settings(max_examples=40, deadline=None)
 
 

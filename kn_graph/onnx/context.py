@@ -20,7 +20,7 @@ import onnx
 from kn_graph.dtype import DType
 from kn_graph.errors import KnError, StaticInputRequiredError, UnsupportedOnnxError
 from kn_graph.graph import Graph
-from kn_graph.ops import Input, ReduceOp, Value
+from kn_graph.ops import Input, Value
 from kn_graph.shape import Shape, Size
 
 if TYPE_CHECKING:

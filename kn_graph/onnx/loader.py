@@ -22,7 +22,7 @@ from kn_graph.errors import (
 )
 from kn_graph.graph import Graph
 from kn_graph.onnx.context import HANDLERS, Known, NodeContext, Result, onnx_dtype
-from kn_graph.ops import Value
+from kn_graph.ops import Constant, Tensor, Value
 from kn_graph.shape import BATCH, Shape, Size, SizeLike
 
 __all__ = ["DEFAULT_BATCH_AXES", "ValueSpecializedModel", "load_onnx"]
@@ -106,6 +106,7 @@ def _load(model: onnx.ModelProto, folder: Path | None, options: _Options) -> Gra
     """One import; restarted with a substitution whenever it unifies two input symbols."""
     subs: dict[str, Size] = {}
     arrays: dict[str, np.ndarray] = {}
+    tensors: dict[str, Tensor] = {}
     for _ in range(MAX_UNIFICATIONS):
         loader = Loader(
             model,
@@ -116,13 +117,16 @@ def _load(model: onnx.ModelProto, folder: Path | None, options: _Options) -> Gra
             options.input_values,
             subs=subs,
             arrays=arrays,
+            tensors=tensors,
         )
         try:
             return loader.run()
         except _Unify as u:
             subs = {k: v.subs({u.sym: u.value}) for k, v in subs.items()}
             subs[u.sym] = u.value
-    raise OnnxImportError(f"the model's input sizes needed more than {MAX_UNIFICATIONS} unifications")
+    raise OnnxImportError(
+        f"the model's input sizes needed more than {MAX_UNIFICATIONS} unifications"
+    )
 
 
 class ValueSpecializedModel:
@@ -160,9 +164,7 @@ class ValueSpecializedModel:
             pinned.update({n: np.asarray(values[n]) for n in self.value_inputs})
             shapes = dict(self.options.input_shapes)
             if self.by_shape:
-                shapes.update(
-                    {n: list(np.shape(v)) for n, v in values.items() if n not in pinned}
-                )
+                shapes.update({n: list(np.shape(v)) for n, v in values.items() if n not in pinned})
             key = tuple(
                 (n, pinned[n].dtype.str, pinned[n].shape, pinned[n].tobytes())
                 for n in sorted(pinned)
@@ -236,10 +238,12 @@ class Loader:
         input_values: Mapping[str, np.ndarray],
         subs: Mapping[str, Size] | None = None,
         arrays: dict[str, np.ndarray] | None = None,
+        tensors: dict[str, Tensor] | None = None,
     ) -> None:
         self.model = model
         self.subs = dict(subs or {})
         self.arrays = arrays if arrays is not None else {}
+        self.tensors: dict[str, Tensor] = tensors if tensors is not None else {}
         self.symbol_order: list[str] = []
         self.value_sizes: dict[Value, Size] = {}
         """Graph values known to equal a size (a size cast to float), for Range bounds."""
@@ -318,7 +322,16 @@ class Loader:
                     continue
                 if t.name:
                     self.arrays[t.name] = arr  # a restarted load reads each tensor once
-            self.env[t.name] = self.result_of_array(arr)
+            cached = self.tensors.get(t.name) if t.name else None
+            if cached is not None:  # a restarted load: no second hash of the weights
+                self.env[t.name] = self.graph.constant_tensor(cached)
+                continue
+            r = self.result_of_array(arr)
+            if isinstance(r, Value) and t.name:
+                op = self.graph[r].op
+                if isinstance(op, Constant):
+                    self.tensors[t.name] = op.tensor
+            self.env[t.name] = r
 
     def result_of_array(self, arr: np.ndarray) -> Result:
         dt = DType.from_np(arr.dtype)
@@ -438,6 +451,8 @@ class Loader:
     def dim_param_size(self, p: str) -> Size:
         """A dim_param as a size: a name, or an expression of names (`past_sequence_length + 1`,
         `32*h32`, as exporters write them); anything else is one opaque symbol."""
+        if isinstance(p, bytes):  # protobuf hands over invalid UTF-8 as bytes
+            p = p.decode(errors="replace")
         expr = _parse_size_expr(p, self.symbol)
         return expr if expr is not None else self.symbol(p)
 

@@ -26,9 +26,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from kn_graph.cpu import evaluate
-from kn_graph.errors import KnError, StaticInputRequiredError
-from kn_graph.onnx import load_onnx
+from kn_graph.errors import KnError
+from kn_graph.onnx import ValueSpecializedModel, load_onnx
+from kn_runtime import Device
 
 PASSING = Path(__file__).with_name("passing.txt")
 
@@ -39,7 +39,6 @@ KNOWN_DEVIATIONS = {
     "test_dft_inverse_opset19": "as test_dft_inverse",
 }
 """Tests whose reference, not our result, is off; they count as neither pass nor mismatch."""
-MAX_PINNED = 8
 
 
 @dataclass(frozen=True)
@@ -86,22 +85,14 @@ def run_case(case) -> Outcome:
     if not all(isinstance(a, np.ndarray) for a in expected):
         return Outcome(case.name, "unsupported", "non-tensor outputs (sequences/optionals)")
     by_name = dict(zip(names, inputs, strict=True))
-    pinned: dict[str, np.ndarray] = {}
     try:
-        for _ in range(MAX_PINNED + 1):
-            try:
-                graph = load_onnx(model, input_values=pinned)
-                break
-            except StaticInputRequiredError as e:
-                if e.input_name not in by_name or e.input_name in pinned:
-                    raise
-                pinned[e.input_name] = by_name[e.input_name]
-        else:
-            return Outcome(case.name, "unsupported", "too many inputs needed at load time")
-        feed = {n: by_name[n] for n in graph.input_names}
+        # the public API, as a user calls it: no input values pinned by hand; a model whose
+        # shapes depend on input values comes back as a ValueSpecializedModel, which prepare takes
+        loaded = load_onnx(model)
+        specialized = isinstance(loaded, ValueSpecializedModel)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            outs = evaluate(graph, feed)
+            outs = Device.cpu().prepare(loaded).eval(by_name)
     except KnError as e:
         return Outcome(case.name, "unsupported", f"{type(e).__name__}: {e}")
     except Exception as e:  # a bug of ours: keep the place it happened
@@ -135,7 +126,7 @@ def run_case(case) -> Outcome:
         if not ok:
             err = np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))) if got.size else 0
             return Outcome(case.name, "mismatch", f"output {i}: max abs diff {err:.3g}")
-    return Outcome(case.name, "pass", "pinned: " + ",".join(pinned) if pinned else "")
+    return Outcome(case.name, "pass", "specialized on input values" if specialized else "")
 
 
 def _within_f16_ulps(got: np.ndarray, ref: np.ndarray, n: int) -> bool:

@@ -86,7 +86,9 @@ def _user_mask(ctx: NodeContext, mask: Value, n: Size, dtype: DType) -> Value:
         if not (last.is_fixed and n.is_fixed and last.as_int() < n.as_int()):
             ctx.unsupported(f"attn_mask's last axis {last} does not fit {n} keys")
         fill: bool | float = False if g.dtype(mask).is_bool else -math.inf
-        mask = g.pad(mask, [(0, 0)] * (shape.rank - 1) + [(0, n.as_int() - last.as_int())], value=fill)
+        mask = g.pad(
+            mask, [(0, 0)] * (shape.rank - 1) + [(0, n.as_int() - last.as_int())], value=fill
+        )
     if g.dtype(mask).is_bool:
         return g.select(mask, g.scalar(0.0, dtype), -math.inf)
     if not g.dtype(mask).is_float:

@@ -122,7 +122,9 @@ def _contract(ctx: NodeContext, a: Term, b: Term, keep: set[str]) -> Term:
         if sa[c] != sb[c]:
             ctx.unsupported(f"label '{c}' has sizes {sa[c]} and {sb[c]}")
     batch_shape = broadcast_shapes(
-        Shape(tuple(sa[c] for c in batch)), Shape(tuple(sb[c] for c in batch))
+        Shape(tuple(sa[c] for c in batch)),
+        Shape(tuple(sb[c] for c in batch)),
+        equate=g._equate_or_none(),
     )
     av = g.permute(a.value, [a.labels.index(c) for c in batch + a_only + contracted])
     bv = g.permute(b.value, [b.labels.index(c) for c in batch + contracted + b_only])

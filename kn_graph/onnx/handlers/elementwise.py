@@ -308,11 +308,15 @@ def where(ctx: NodeContext) -> Result:
         flat = cond.data.reshape(-1).astype(bool)
         if flat.size and (flat.all() or not flat.any()):
             pick = 1 if flat[0] else 2
-            shape = broadcast_shapes(*(ctx.input_shape(i) for i in range(3)))
+            shape = broadcast_shapes(
+                *(ctx.input_shape(i) for i in range(3)), equate=ctx.graph._equate_or_none()
+            )
             chosen = ka if pick == 1 else kb
             if chosen is not None and Shape.of(*chosen.shape) == shape:
                 return chosen  # stays a load-time value (a shape tensor stays usable)
-            return ctx.graph.broadcast(ctx.input(pick), shape)
+            g = ctx.graph
+            x = ctx.input(pick)
+            return g.broadcast(g._conform(x, shape) if g.equate else x, shape)
     return ctx.graph.select(ctx.input(0), ctx.input(1), ctx.input(2))
 
 

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kn_graph.errors import GraphError
 from kn_graph.onnx.context import NodeContext, Result, onnx_op
 from kn_graph.onnx.handlers.resize_taps import (
     COORD_MODES,
@@ -230,7 +229,13 @@ def _symbolic_axis(ctx: NodeContext, x: Value, p: AxisPlan, interp: Interp) -> V
     against the tables of a few concrete sizes (edges included) before being used."""
     size = ctx.graph.shape(x)[p.axis]
     k = p.out // size if size.divides(p.out) else None
-    if k is None or not k.is_fixed or k.as_int() < 1 or interp.mode != "nearest" or p.roi is not None:
+    if (
+        k is None
+        or not k.is_fixed
+        or k.as_int() < 1
+        or interp.mode != "nearest"
+        or p.roi is not None
+    ):
         ctx.unsupported(
             f"resizing the symbolic axis {p.axis} ({size} -> {p.out}) is not an integer nearest repetition"
         )
@@ -269,7 +274,9 @@ def _resize(ctx: NodeContext, interp: Interp) -> Value:
         axis_interp = _resolve_nearest(interp, p.scale)
         taps = axis_taps(axis_interp, size.as_int(), p.out.as_int(), p.scale, p.roi)
         if interp.coord in LENGTH_SENSITIVE:
-            spec = axis_taps(axis_interp, size.as_int(), p.out.as_int(), p.scale, p.roi, by_length=True)
+            spec = axis_taps(
+                axis_interp, size.as_int(), p.out.as_int(), p.scale, p.roi, by_length=True
+            )
             if not taps.same_as(spec):
                 ctx.unsupported(
                     f"{interp.coord} on axis {p.axis} with a fractional output width "

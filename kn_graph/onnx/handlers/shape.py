@@ -147,7 +147,7 @@ def dropout(ctx: NodeContext) -> Result | list[Result | None]:
 # -- reshaping -------------------------------------------------------------------------------------
 def _reshape_to(ctx: NodeContext, out: Shape) -> Result:
     in_shape = ctx.input_shape(0)
-    if in_shape.size() != out.size():
+    if in_shape.size() != out.size() and (in_shape.is_fixed and out.is_fixed):
         ctx.unsupported(f"cannot reshape {in_shape} to {out} (element counts differ)")
     r = ctx.raw_input(0)
     if isinstance(r, Known):
@@ -187,7 +187,17 @@ def reshape(ctx: NodeContext) -> Result:
                 rest = rest * known_dim
         if rest == Size(0):
             ctx.unsupported("-1 in a target shape that has a zero dim")
-        dims[dims.index(None)] = in_shape.size() // rest
+        total = in_shape.size()
+        inferred = total // rest
+        if not rest.divides(total):
+            ctx.graph.add_guard(
+                total % rest,
+                "==",
+                0,
+                f"the -1 of Reshape to {[str(d) for d in target]}: "
+                f"{total} elements must divide by {rest}",
+            )
+        dims[dims.index(None)] = inferred
     return _reshape_to(ctx, Shape(tuple(d for d in dims if d is not None)))
 
 
@@ -292,7 +302,11 @@ def _split_sizes(ctx: NodeContext, dim: Size, n_out: int) -> list[Size]:
             if sizes[-1] == 0:
                 ctx.unsupported(f"axis size {dim} cannot be split into {n} non-empty chunks")
             return [Size(s) for s in sizes]
-    return [dim // n_out] * n_out  # exact division, or a GraphError (refused)
+    if not Size(n_out).divides(dim):
+        ctx.graph.add_guard(
+            dim % n_out, "==", 0, f"split of axis size {dim} into {n_out} equal parts"
+        )
+    return [dim // n_out] * n_out
 
 
 @onnx_op("Split")
@@ -319,26 +333,29 @@ def expand(ctx: NodeContext) -> Result:
     target = ctx.input_sizes(1, "the target shape")
     if any(d.bounds()[1] < 0 for d in target):
         ctx.unsupported(f"negative size in the target shape {[str(d) for d in target]}")
-    out = broadcast_shapes(ctx.input_shape(0), Shape(tuple(target)))
+    out = broadcast_shapes(
+        ctx.input_shape(0), Shape(tuple(target)), equate=ctx.graph._equate_or_none()
+    )
     r = ctx.raw_input(0)
     if isinstance(r, Known) and _small(out):
         return known_apply(r, lambda a: np.broadcast_to(a, out.fixed_dims()))
-    return ctx.graph.broadcast(ctx.input(0), out)
+    g = ctx.graph
+    return g.broadcast(g._conform(ctx.input(0), out) if g.equate else ctx.input(0), out)
 
 
 @onnx_op("Tile")
 def tile(ctx: NodeContext) -> Result:
     shape = ctx.input_shape(0)
-    repeats = static_ints(ctx, 1, "repeats")
-    if len(repeats) != shape.rank or any(n < 0 for n in repeats):
-        ctx.unsupported(f"repeats {repeats} do not match rank {shape.rank}")
+    reps = ctx.input_sizes(1, "repeats")  # may be symbolic: [B, 1, 1] in exports
+    if len(reps) != shape.rank or any(n.bounds()[1] < 0 for n in reps):
+        ctx.unsupported(f"repeats {[str(n) for n in reps]} do not match rank {shape.rank}")
     r = ctx.raw_input(0)
-    out = Shape(tuple(d * n for d, n in zip(shape, repeats, strict=True)))
-    if isinstance(r, Known) and _small(out):
-        return known_apply(r, lambda a: np.tile(a, repeats))
+    out = Shape(tuple(d * n for d, n in zip(shape, reps, strict=True)))
+    if isinstance(r, Known) and _small(out) and all(n.is_fixed for n in reps):
+        return known_apply(r, lambda a: np.tile(a, [n.as_int() for n in reps]))
     x = ctx.input(0)
-    for axis, n in enumerate(repeats):
-        if n != 1:
+    for axis, n in enumerate(reps):
+        if n != Size(1):
             x = ctx.graph.repeat(x, axis, n)
     return x
 
