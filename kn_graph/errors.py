@@ -8,6 +8,7 @@ from __future__ import annotations
 __all__ = [
     "CudaUnavailableError",
     "EvaluationError",
+    "FixedSizeRequiredError",
     "GraphError",
     "InputMismatchError",
     "KernelCompileError",
@@ -16,6 +17,7 @@ __all__ = [
     "PlanError",
     "ShapeMismatchError",
     "StaticInputRequiredError",
+    "SymbolicSizeError",
     "UnsupportedOnnxError",
 ]
 
@@ -26,6 +28,10 @@ class KnError(Exception):
 
 class GraphError(KnError):
     """A graph builder was called with operands it cannot accept (shapes, dtypes, attributes)."""
+
+
+class FixedSizeRequiredError(GraphError):
+    """A builder needs a fixed number where it was given a symbolic size."""
 
 
 class ShapeMismatchError(KnError):
@@ -82,3 +88,9 @@ class KernelCompileError(KnError):
 
 class CudaUnavailableError(KnError):
     """CUDA was asked for but no working device, driver or library was found."""
+
+
+class SymbolicSizeError(UnsupportedOnnxError):
+    """A node the IR can express for fixed sizes only (an LSTM over a symbolic length, SAME
+    padding of a symbolic size with a stride). `load_onnx` then returns a model that is
+    loaded per binding of the input shapes; `load_onnx(..., static=True)` raises this."""

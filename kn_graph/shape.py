@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from kn_graph.errors import GraphError, ShapeMismatchError
+from kn_graph.errors import FixedSizeRequiredError, GraphError, ShapeMismatchError
 
 __all__ = ["BATCH", "Guard", "Shape", "Size", "SizeLike", "check_guards", "infer_symbols"]
 
@@ -32,29 +32,45 @@ BATCH = "B"
 _INF = math.inf
 
 
-@dataclass(frozen=True, slots=True)
 class _Node:
     """A non-polynomial atom: `floordiv(a, b)` (b > 0 by construction when fixed), `min(...)`,
-    `max(...)` over canonical, sorted arguments."""
+    `max(...)` over canonical, sorted arguments. `key` orders atoms (symbols first)."""
 
-    kind: str
-    args: tuple[Size, ...]
+    __slots__ = ("args", "key", "kind")
 
-    @property
-    def key(self) -> str:
-        return f"{self.kind}({','.join(a.key for a in self.args)})"
+    def __init__(self, kind: str, args: tuple[Size, ...]) -> None:
+        self.kind = kind
+        self.args = args
+        self.key = f"\x7f{kind}({','.join(a.key for a in args)})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Node) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"_Node({self.key[1:]})"
 
 
 Atom = str | _Node
 Mono = tuple[tuple[Atom, int], ...]
 
 
-def _atom_key(a: Atom) -> tuple[int, str]:
-    return (0, a) if isinstance(a, str) else (1, a.key)
+def _atom_key(a: Atom) -> str:
+    return a if isinstance(a, str) else a.key
 
 
-def _mono_key(m: Mono) -> tuple[object, ...]:
-    return tuple((_atom_key(a), e) for a, e in m)
+_MONO_KEYS: dict[Mono, tuple[tuple[str, int], ...]] = {}
+
+
+def _mono_key(m: Mono) -> tuple[tuple[str, int], ...]:
+    k = _MONO_KEYS.get(m)
+    if k is None:
+        k = tuple((_atom_key(a), e) for a, e in m)
+        if len(_MONO_KEYS) < 100_000:
+            _MONO_KEYS[m] = k
+    return k
 
 
 def _mono_mul(a: Mono, b: Mono) -> Mono:
@@ -146,7 +162,9 @@ class Size:
     def as_int(self, what: str = "size") -> int:
         v = self.fixed_value()
         if v is None:
-            raise GraphError(f"{what} must be a fixed number, found symbolic size {self}")
+            raise FixedSizeRequiredError(
+                f"{what} must be a fixed number, found symbolic size {self}"
+            )
         return v
 
     @property
@@ -178,7 +196,7 @@ class Size:
             return self._key
         except AttributeError:
             k = "+".join(
-                f"{c}*" + "*".join(f"{_atom_key(a)[1]}^{e}" for a, e in m) for m, c in self.terms
+                f"{c}*" + "*".join(f"{_atom_key(a)}^{e}" for a, e in m) for m, c in self.terms
             )
             object.__setattr__(self, "_key", k)
             return k
@@ -228,6 +246,14 @@ class Size:
 
     # -- arithmetic ----------------------------------------------------------------------------
     def __add__(self, other: SizeLike) -> Size:
+        if type(other) is int:  # the common case: a constant offset
+            if not other:
+                return self
+            t = self.terms
+            if t and not t[0][0]:  # the constant term sorts first
+                c = t[0][1] + other
+                return Size(0, (((), c), *t[1:]) if c else t[1:])
+            return Size(0, (((), other), *t))
         o = other if isinstance(other, Size) else Size.of(other)
         if not o.terms:
             return self
@@ -423,7 +449,21 @@ def _subs_atom(a: Atom, mapping: Mapping[str, SizeLike]) -> Size:
 
 
 # -- division ---------------------------------------------------------------------------------------
+_FLOORDIV_MEMO: dict[tuple[Size, int], Size] = {}
+
+
 def _floordiv_const(a: Size, c: int) -> Size:
+    """a // c for a constant c, canonical; memoised (shape formulas repeat through a model)."""
+    key = (a, c)
+    hit = _FLOORDIV_MEMO.get(key)
+    if hit is None:
+        hit = _floordiv_const_uncached(a, c)
+        if len(_FLOORDIV_MEMO) < 100_000:
+            _FLOORDIV_MEMO[key] = hit
+    return hit
+
+
+def _floordiv_const_uncached(a: Size, c: int) -> Size:
     if c < 0:
         a, c = -a, -c
     if c == 1 or not a.terms:

@@ -69,6 +69,33 @@ def _parse_kv(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
+def _declared_inputs(
+    loaded: ValueSpecializedModel, dims: dict[str, int], skip: set[str]
+) -> dict[str, np.ndarray]:
+    """Random inputs of the declared ONNX shapes (named dims from `dims`, batch axes as B,
+    else 1) for a model loaded per input shape."""
+    from kn_graph.onnx.context import onnx_dtype
+    from kn_graph.onnx.loader import DEFAULT_BATCH_AXES
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for inp in loaded.model.graph.input:
+        if inp.name not in loaded.input_names or inp.name in skip:
+            continue
+        tt = inp.type.tensor_type
+        shape = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                shape.append(int(d.dim_value))
+            else:
+                name = BATCH if d.dim_param in DEFAULT_BATCH_AXES else d.dim_param
+                shape.append(dims.get(d.dim_param, dims.get(name, 1)))
+        dt = onnx_dtype(tt.elem_type, f"input '{inp.name}'")
+        a = rng.standard_normal(shape) if dt.is_float else np.zeros(shape)
+        out[inp.name] = a.astype(dt.np)
+    return out
+
+
 def _optimize(graph: Graph, enabled: bool) -> tuple[Graph, bool]:
     if not enabled:
         return graph, False
@@ -120,14 +147,20 @@ def _run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     loaded = load_onnx(path)
     if isinstance(loaded, ValueSpecializedModel):
-        # shapes decided by the values of some inputs: those must be given, the graph is
-        # loaded for them
+        # shapes decided by the values of some inputs (those must be given) or loaded per input
+        # shape (the others are made up from the declared shapes, as for any model)
+        dims0 = {k: int(v) for k, v in _parse_kv(args.dim, "--dim").items()}
+        if args.batch is not None:
+            dims0[BATCH] = args.batch
+        feed = dict(given)
+        if loaded.by_shape:
+            feed.update(_declared_inputs(loaded, dims0, skip=set(given)))
         try:
-            graph = loaded.specialize(given)
-        except (StaticInputRequiredError, OnnxImportError) as e:
+            graph = loaded.specialize(feed)
+        except (StaticInputRequiredError, OnnxImportError):
             raise KnError(
                 f"the model's shapes depend on the values of inputs {loaded.value_inputs}: give "
-                f"them with --input NAME=FILE.npy ({e})"
+                "them with --input NAME=FILE.npy"
             ) from None
         given = {k: v for k, v in given.items() if k not in loaded.value_inputs}
     else:

@@ -299,3 +299,38 @@ def test_kv_cache_greedy_decode_matches_onnxruntime_token_for_token(device: str)
     got = _greedy(step, fx, ref["greedy:prompt"], want.shape[1])
     assert want.shape[1] >= 8
     np.testing.assert_array_equal(got, want)
+
+
+# -- what only fixed sizes allow: loaded per input shape ----------------------------------------------
+def _lstm_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(3)
+    w = helper.make_tensor("W", F, [1, 16, 3], rng.normal(size=48).astype(np.float32).tolist())
+    r = helper.make_tensor("R", F, [1, 16, 4], rng.normal(size=64).astype(np.float32).tolist())
+    lstm = helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=4)
+    return model([lstm], [vi("x", F, ["seq", "batch", 3])], [vi("y", F, None)], [w, r], opset=14)
+
+
+def test_an_lstm_over_a_symbolic_length_runs_per_shape_and_matches_onnxruntime() -> None:
+    import onnxruntime as ort
+
+    m = _lstm_model()
+    loaded = load_onnx(m)
+    assert isinstance(loaded, ValueSpecializedModel) and loaded.by_shape
+    with pytest.raises(KnError, match="sequence length"):
+        load_onnx(m, static=True)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    prepared = Device.cpu().prepare(loaded)
+    rng = np.random.default_rng(4)
+    for seq, batch in ((5, 2), (9, 1)):
+        x = rng.normal(size=(seq, batch, 3)).astype(np.float32)
+        (want,) = sess.run(None, {"x": x})
+        np.testing.assert_allclose(prepared.eval([x])[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_kn_run_makes_up_inputs_for_a_model_loaded_per_shape(tmp_path: Path, capsys) -> None:
+    from kn_runtime.cli import main
+
+    path = tmp_path / "lstm.onnx"
+    onnx.save(_lstm_model(), path)
+    assert main([str(path), "--dim", "seq=6", "--batch", "2"]) == 0
+    assert "f32[6, 1, 2, 4]" in capsys.readouterr().out

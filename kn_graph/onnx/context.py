@@ -18,7 +18,12 @@ import numpy as np
 import onnx
 
 from kn_graph.dtype import DType
-from kn_graph.errors import KnError, StaticInputRequiredError, UnsupportedOnnxError
+from kn_graph.errors import (
+    KnError,
+    StaticInputRequiredError,
+    SymbolicSizeError,
+    UnsupportedOnnxError,
+)
 from kn_graph.graph import Graph
 from kn_graph.ops import Input, Value
 from kn_graph.shape import Shape, Size
@@ -171,6 +176,10 @@ class NodeContext:
     # -- errors ---------------------------------------------------------------------------------
     def unsupported(self, detail: str) -> NoReturn:
         raise UnsupportedOnnxError(self.name, self.op_type, detail)
+
+    def needs_fixed_sizes(self, detail: str) -> NoReturn:
+        """Refuse what only fixed sizes allow: the loader then specializes on input shapes."""
+        raise SymbolicSizeError(self.name, self.op_type, detail)
 
     # -- inputs ---------------------------------------------------------------------------------
     @property

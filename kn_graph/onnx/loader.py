@@ -15,9 +15,11 @@ from onnx import numpy_helper
 
 from kn_graph.dtype import DType
 from kn_graph.errors import (
+    FixedSizeRequiredError,
     GraphError,
     OnnxImportError,
     StaticInputRequiredError,
+    SymbolicSizeError,
     UnsupportedOnnxError,
 )
 from kn_graph.graph import Graph
@@ -83,7 +85,11 @@ def load_onnx(
     except StaticInputRequiredError as e:
         if static:
             raise
-        return ValueSpecializedModel(model, folder, options, e.input_name)
+        return ValueSpecializedModel(model, folder, options, [e.input_name])
+    except SymbolicSizeError:
+        if static:
+            raise
+        return ValueSpecializedModel(model, folder, options, [], by_shape=True)
 
 
 class _Options:
@@ -130,22 +136,29 @@ def _load(model: onnx.ModelProto, folder: Path | None, options: _Options) -> Gra
 
 
 class ValueSpecializedModel:
-    """A model whose shapes depend on the values of some integer inputs (a Reshape target, Tile
-    repeats, Resize sizes, a Range limit, an If condition fed by a graph input). It is loaded
-    once per distinct value of those inputs (`specialize`, cached); `Device.prepare` accepts it
-    and does that per call. The cost: one load per new value (a few ms for small models)."""
+    """A model loaded per call: its shapes depend on the values of some integer inputs (a
+    Reshape target, Tile repeats, Resize sizes, a Range limit, an If condition fed by a graph
+    input), or it has a node the IR expresses for fixed sizes only (an LSTM over a symbolic
+    length, SAME padding with a stride). `specialize` loads it once per distinct value of those
+    inputs (and, with `by_shape`, per input shapes) and caches the graph; `Device.prepare`
+    accepts it and does that per call. The cost: one load per new value or shape."""
 
     def __init__(
-        self, model: onnx.ModelProto, folder: Path | None, options: _Options, first: str
+        self,
+        model: onnx.ModelProto,
+        folder: Path | None,
+        options: _Options,
+        value_inputs: list[str],
+        by_shape: bool = False,
     ) -> None:
         self.model = model
         self.folder = folder
         self.options = options
-        self.value_inputs: list[str] = [first]
+        self.value_inputs: list[str] = list(value_inputs)
         """The inputs whose values decide shapes (found so far; more may be found per call)."""
         init = {t.name for t in model.graph.initializer}
         self.input_names = [i.name for i in model.graph.input if i.name not in init]
-        self.by_shape = False
+        self.by_shape = by_shape
         """Whether the other inputs' shapes are pinned too (set when symbolic dims fail)."""
         self._cache: dict[tuple[object, ...], Graph] = {}
 
@@ -160,6 +173,16 @@ class ValueSpecializedModel:
                 raise OnnxImportError(
                     f"the model's shapes depend on the values of inputs {missing}; pass them"
                 )
+            if self.by_shape:
+                missing = [
+                    n
+                    for n in self.input_names
+                    if n not in values and n not in self.options.input_shapes
+                ]
+                if missing:
+                    raise OnnxImportError(
+                        f"the model is loaded per input shape; pass inputs {missing} too"
+                    )
             pinned = dict(self.options.input_values)
             pinned.update({n: np.asarray(values[n]) for n in self.value_inputs})
             shapes = dict(self.options.input_shapes)
@@ -180,7 +203,7 @@ class ValueSpecializedModel:
                     raise
                 self.value_inputs.append(e.input_name)
                 continue
-            except UnsupportedOnnxError:
+            except SymbolicSizeError:
                 if self.by_shape:
                     raise
                 self.by_shape = True
@@ -190,10 +213,10 @@ class ValueSpecializedModel:
         raise OnnxImportError("could not find the inputs that decide the model's shapes")
 
     def __repr__(self) -> str:
-        return (
-            f"<ValueSpecializedModel: inputs {self.input_names}; shapes depend on the values "
-            f"of {self.value_inputs}>"
-        )
+        what = f"the values of {self.value_inputs}" if self.value_inputs else ""
+        if self.by_shape:
+            what += (" and " if what else "") + "the input shapes"
+        return f"<ValueSpecializedModel: inputs {self.input_names}; loaded per {what}>"
 
 
 def _read_model(
@@ -508,6 +531,8 @@ class Loader:
         try:
             out = handler(ctx)
             ctx.check_all_used()
+        except FixedSizeRequiredError as e:  # fine for fixed sizes: specialize on shapes
+            raise SymbolicSizeError(ctx.name, ctx.op_type, str(e)) from None
         except GraphError as e:
             raise UnsupportedOnnxError(ctx.name, ctx.op_type, str(e)) from None
         results = [out] if isinstance(out, Value | Known) else list(out)

@@ -18,6 +18,7 @@ from kn_graph.graph import Graph
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import Broadcast, View
 from kn_graph.shape import Shape, Size
+from kn_runtime import Device
 
 Dims = Sequence[int | str]
 
@@ -166,10 +167,13 @@ def test_squeeze_without_axes_drops_every_one() -> None:
     check([node("Squeeze", ["x"], ["y"])], {"x": x}, ["y"])
 
 
-def test_squeeze_without_axes_on_symbolic_shape_is_refused() -> None:
+def test_squeeze_without_axes_on_symbolic_shape_is_loaded_per_shape() -> None:
     m = make_model([node("Squeeze", ["x"], ["y"])], {"x": X234}, ["y"], dims={"x": ["batch", 3, 4]})
     with pytest.raises(UnsupportedOnnxError, match="may be 1"):
-        load_onnx(m)
+        load_onnx(m, static=True)
+    prepared = Device.cpu().prepare(load_onnx(m))  # whether batch is squeezed depends on it
+    assert prepared.eval([X234[:1]])[0].shape == (3, 4)
+    assert prepared.eval([X234])[0].shape == (2, 3, 4)
 
 
 @pytest.mark.parametrize("perm", [None, [0, 2, 1], [2, 0, 1]])

@@ -123,7 +123,7 @@ def _transpose_pads(
     if output_shape is None and auto_pad == "VALID":
         return [(0, 0)] * nd
     if not all(s.is_fixed for s in sizes):
-        ctx.unsupported("output_shape / auto_pad SAME with symbolic spatial sizes")
+        ctx.needs_fixed_sizes("output_shape / auto_pad SAME with symbolic spatial sizes")
     ns = [s.as_int() for s in sizes]
     if output_shape is None:
         target = [n * s for n, s in zip(ns, strides, strict=True)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 
@@ -129,7 +130,10 @@ def _scaled(ctx: NodeContext, size: Size, scale: float) -> Size:
         return Size(int(np.floor(scale * n)))
     if float(scale).is_integer():
         return size * int(scale)
-    ctx.unsupported(f"scale {scale} of symbolic size {size}")
+    frac = Fraction(scale).limit_denominator(64)
+    if float(frac) == float(scale) and frac > 0:  # 0.5, 1.5, 0.25: exactly floor(size·p/q)
+        return (size * frac.numerator) // frac.denominator
+    ctx.needs_fixed_sizes(f"scale {scale} of symbolic size {size}")
 
 
 def _from_sizes(
@@ -148,7 +152,7 @@ def _from_sizes(
         else:
             ratio = o // i if i.divides(o) else None
             if ratio is None or not ratio.is_fixed:
-                ctx.unsupported(
+                ctx.needs_fixed_sizes(
                     f"output size {o} is not an integer multiple of the symbolic size {i}"
                 )
             factors.append(float(ratio.as_int()))
@@ -156,7 +160,7 @@ def _from_sizes(
         return list(sizes), factors
     scale = min(factors) if policy == "not_larger" else max(factors)
     if not all(i.is_fixed for i in ins):
-        ctx.unsupported(f"keep_aspect_ratio_policy '{policy}' with symbolic sizes")
+        ctx.needs_fixed_sizes(f"keep_aspect_ratio_policy '{policy}' with symbolic sizes")
     return [Size(int(scale * i.as_int() + 0.5)) for i in ins], [scale] * len(ins)
 
 
@@ -236,7 +240,7 @@ def _symbolic_axis(ctx: NodeContext, x: Value, p: AxisPlan, interp: Interp) -> V
         or interp.mode != "nearest"
         or p.roi is not None
     ):
-        ctx.unsupported(
+        ctx.needs_fixed_sizes(
             f"resizing the symbolic axis {p.axis} ({size} -> {p.out}) is not an integer nearest repetition"
         )
     reps = k.as_int()

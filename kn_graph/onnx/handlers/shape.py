@@ -220,7 +220,9 @@ def squeeze(ctx: NodeContext) -> Result:
         ctx.unsupported("empty axes: onnxruntime squeezes every size-1 axis, the reference none")
     if axes is None:
         if not shape.is_fixed:
-            ctx.unsupported(f"squeeze without axes on symbolic shape {shape} (a size may be 1)")
+            ctx.needs_fixed_sizes(
+                f"squeeze without axes on symbolic shape {shape} (a size may be 1)"
+            )
         drop = {i for i, d in enumerate(shape) if d == Size(1)}
     else:
         drop = {axis_of(ctx, a, shape.rank) for a in axes}

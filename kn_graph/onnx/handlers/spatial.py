@@ -64,7 +64,7 @@ def same_padding(
         except GraphError:
             divisible = False
         if not divisible:
-            ctx.unsupported(f"auto_pad SAME on symbolic size {size} with stride {stride}")
+            ctx.needs_fixed_sizes(f"auto_pad SAME on symbolic size {size} with stride {stride}")
         total = max(0, span - stride)
     small, large = total // 2, total - total // 2
     return (small, large) if upper else (large, small)
