@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import assert_never
+from typing import Any, assert_never
 
 import numpy as np
 import scipy.special
@@ -47,9 +47,29 @@ from kn_graph.ops import (
 )
 from kn_graph.shape import BATCH, infer_symbols
 
-__all__ = ["bind_inputs", "evaluate"]
+__all__ = ["bind_inputs", "evaluate", "inputs_in_order"]
 
 Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
+
+
+def inputs_in_order(names: Sequence[str], inputs: Any, what: str = "graph") -> list[Any]:
+    """The inputs (a list in input order, or a name → array map) as a list in `names` order;
+    InputMismatchError for missing, unexpected or miscounted inputs."""
+    if isinstance(inputs, Mapping):
+        missing = [n for n in names if n not in inputs]
+        extra = [n for n in inputs if n not in names]
+        if missing or extra:
+            raise InputMismatchError(
+                f"inputs by name: missing {missing}, unexpected {extra}; the {what} takes "
+                f"{list(names)}"
+            )
+        return [inputs[n] for n in names]
+    arrays = list(inputs)
+    if len(arrays) != len(names):
+        raise InputMismatchError(
+            f"expected {len(names)} inputs ({', '.join(names)}), found {len(arrays)}"
+        )
+    return arrays
 
 
 def bind_inputs(
@@ -57,20 +77,7 @@ def bind_inputs(
 ) -> tuple[list[np.ndarray], dict[str, int]]:
     """Check count, dtype and shape of the inputs; return them in order and the symbol bindings."""
     names = graph.input_names
-    if isinstance(inputs, Mapping):
-        missing = [n for n in names if n not in inputs]
-        extra = [n for n in inputs if n not in names]
-        if missing or extra:
-            raise InputMismatchError(
-                f"inputs by name: missing {missing}, unexpected {extra}; the graph takes {names}"
-            )
-        arrays = [inputs[n] for n in names]
-    else:
-        arrays = list(inputs)
-        if len(arrays) != len(names):
-            raise InputMismatchError(
-                f"expected {len(names)} inputs ({', '.join(names)}), found {len(arrays)}"
-            )
+    arrays = inputs_in_order(names, inputs)
     out: list[np.ndarray] = []
     for name, v, a in zip(names, graph.inputs, arrays, strict=True):
         a = np.asarray(a)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kn_graph.cpu import bind_inputs, evaluate
+from kn_graph.cpu import bind_inputs, evaluate, inputs_in_order
 from kn_graph.errors import (
     CudaUnavailableError,
     InputMismatchError,
@@ -184,20 +184,7 @@ class CudaPreparedGraph(PreparedGraph):
         """Symbols from the inputs' shapes and dtypes (device arrays answer `.shape` and `.dtype`
         without a copy); raises InputMismatchError as the CPU device does."""
         names = self.graph.input_names
-        if isinstance(inputs, Mapping):
-            missing = [n for n in names if n not in inputs]
-            extra = [n for n in inputs if n not in names]
-            if missing or extra:
-                raise InputMismatchError(
-                    f"inputs by name: missing {missing}, unexpected {extra}; the graph takes {names}"
-                )
-            arrays = [inputs[n] for n in names]
-        else:
-            arrays = list(inputs)
-            if len(arrays) != len(names):
-                raise InputMismatchError(
-                    f"expected {len(names)} inputs ({', '.join(names)}), found {len(arrays)}"
-                )
+        arrays = inputs_in_order(names, inputs)
         shapes = []
         for name, v, a in zip(names, self.graph.inputs, arrays, strict=True):
             if not (hasattr(a, "shape") and hasattr(a, "dtype")):
@@ -250,21 +237,7 @@ class SpecializingPreparedGraph(PreparedGraph):
 
     def _split(self, inputs: Inputs) -> tuple[PreparedGraph, dict[str, Any]]:
         names = self.model.input_names
-        if isinstance(inputs, Mapping):
-            missing = [n for n in names if n not in inputs]
-            extra = [n for n in inputs if n not in names]
-            if missing or extra:
-                raise InputMismatchError(
-                    f"inputs by name: missing {missing}, unexpected {extra}; the model takes {names}"
-                )
-            by_name = dict(inputs)
-        else:
-            arrays = list(inputs)
-            if len(arrays) != len(names):
-                raise InputMismatchError(
-                    f"expected {len(names)} inputs ({', '.join(names)}), found {len(arrays)}"
-                )
-            by_name = dict(zip(names, arrays, strict=True))
+        by_name = dict(zip(names, inputs_in_order(names, inputs, "model"), strict=True))
         graph = self.model.specialize({k: np.asarray(v) for k, v in by_name.items()})
         prepared = self._prepared.get(id(graph))
         if prepared is None:

@@ -414,6 +414,23 @@ def spec_mobilenetv2():
     )
 
 
+def tiny_bert_config(config_cls, vocab: int, hidden: int):
+    """A 2-layer, 4-head BERT configuration without dropout, eager attention."""
+    cfg = config_cls(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
 SEQ_SHAPES = {"export": (2, 9), 0: (1, 7), 1: (3, 12)}
 PADS = {"export": [0, 3], 0: [0], 1: [0, 4, 9]}
 
@@ -422,18 +439,7 @@ def spec_bert():
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(3)
-    cfg = BertConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        type_vocab_size=2,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    cfg._attn_implementation = "eager"
+    cfg = tiny_bert_config(BertConfig, vocab=1000, hidden=64)
     m = BertWrapper(BertModel(cfg).eval())
 
     def inputs(kind, rng):
@@ -1015,18 +1021,7 @@ def spec_bert_indep():
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(26)
-    cfg = BertConfig(
-        vocab_size=200,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        type_vocab_size=2,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    cfg._attn_implementation = "eager"
+    cfg = tiny_bert_config(BertConfig, vocab=200, hidden=32)
     m = BertTwoInputWrapper(BertModel(cfg).eval())
 
     def inputs(kind, rng):
