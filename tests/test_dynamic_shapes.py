@@ -141,6 +141,21 @@ def test_guard_nonnegative_size_conv_kernel_larger_than_input() -> None:
         evaluate(g, [np.ones((1, 1, 3), np.float32)])
 
 
+def test_guard_nonnegative_size_of_a_computed_length() -> None:
+    from kn_graph import DType, Graph
+
+    g = Graph()
+    n = Size.sym("n")
+    x = g.input(Shape.of(n), DType.F32, "x")
+    g.add_output(g.slice_raw(x, 0, 0, 1, n - 3))  # the first n - 3 elements
+    assert [str(gd) for gd in g.guards] == ["n >= 3"]
+    np.testing.assert_array_equal(evaluate(g, [np.arange(5, dtype=np.float32)])[0], [0, 1])
+    with pytest.raises(
+        InputMismatchError, match=r"must not be negative.*n=2 \(input 'x', axis 0\)"
+    ):
+        evaluate(g, [np.arange(2, dtype=np.float32)])
+
+
 def test_guard_divisibility_of_an_inferred_reshape_dim() -> None:
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"])]
     g = load_onnx(model(nodes, [vi("x", F, ["n"])], [vi("y", F, None)], [i64("shape", [-1, 4])]))
