@@ -3,6 +3,8 @@ loader and the NumPy reference executor."""
 
 from kn_graph.dtype import DType
 from kn_graph.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
     EvaluationError,
     GraphError,
     InputMismatchError,
@@ -10,6 +12,7 @@ from kn_graph.errors import (
     OnnxImportError,
     ShapeMismatchError,
     StaticInputRequiredError,
+    SymbolicSizeError,
     UnsupportedOnnxError,
 )
 from kn_graph.graph import Graph, ValueInfo
@@ -20,6 +23,8 @@ __all__ = [
     "BATCH",
     "BinaryOp",
     "DType",
+    "ArgumentTypeError",
+    "ArgumentValueError",
     "EvaluationError",
     "Graph",
     "GraphError",

@@ -6,6 +6,8 @@ Messages say what was expected, what was found and where (node, op, value, input
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
+    "ArgumentValueError",
     "CudaUnavailableError",
     "EvaluationError",
     "FixedSizeRequiredError",
@@ -34,8 +36,19 @@ class FixedSizeRequiredError(GraphError):
     """A builder needs a fixed number where it was given a symbolic size."""
 
 
-class ShapeMismatchError(KnError):
-    """Actual input shapes contradict the graph's (symbolic) input shapes or a given batch size."""
+class ArgumentTypeError(KnError, TypeError):
+    """A public function was called with an argument of the wrong type (`except TypeError`
+    catches it too, as Python convention expects)."""
+
+
+class ArgumentValueError(KnError, ValueError):
+    """A public function was called with an argument of the right type but a bad value
+    (`except ValueError` catches it too)."""
+
+
+class ShapeMismatchError(KnError, ValueError):
+    """Actual input shapes contradict the graph's (symbolic) input shapes or a given batch size,
+    or a binding violates a guard (`except ValueError` catches it too)."""
 
 
 class InputMismatchError(ShapeMismatchError):
