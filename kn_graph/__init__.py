@@ -21,10 +21,10 @@ from kn_graph.shape import BATCH, Shape, Size, infer_symbols
 
 __all__ = [
     "BATCH",
-    "BinaryOp",
-    "DType",
     "ArgumentTypeError",
     "ArgumentValueError",
+    "BinaryOp",
+    "DType",
     "EvaluationError",
     "Graph",
     "GraphError",
@@ -36,6 +36,7 @@ __all__ = [
     "ShapeMismatchError",
     "Size",
     "StaticInputRequiredError",
+    "SymbolicSizeError",
     "UnaryOp",
     "UnsupportedOnnxError",
     "Value",
