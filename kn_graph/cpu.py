@@ -19,7 +19,14 @@ from typing import Any, assert_never
 import numpy as np
 import scipy.special
 
-from kn_graph.errors import EvaluationError, InputMismatchError, KnError, ShapeMismatchError
+from kn_graph.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
+    EvaluationError,
+    InputMismatchError,
+    KnError,
+    ShapeMismatchError,
+)
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
     Attention,
@@ -64,6 +71,11 @@ def inputs_in_order(names: Sequence[str], inputs: Any, what: str = "graph") -> l
                 f"{list(names)}"
             )
         return [inputs[n] for n in names]
+    if isinstance(inputs, str | bytes) or not hasattr(inputs, "__iter__"):
+        raise ArgumentTypeError(
+            f"inputs: expected a list of arrays in input order or a name -> array map, found "
+            f"{type(inputs).__name__}"
+        )
     arrays = list(inputs)
     if len(arrays) != len(names):
         raise InputMismatchError(
@@ -78,9 +90,16 @@ def bind_inputs(
     """Check count, dtype and shape of the inputs; return them in order and the symbol bindings."""
     names = graph.input_names
     arrays = inputs_in_order(names, inputs)
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
+        raise ArgumentTypeError(f"batch_size: expected an int, found {batch_size!r}")
+    if batch_size is not None and batch_size < 0:
+        raise ArgumentValueError(f"batch_size: expected >= 0, found {batch_size}")
     out: list[np.ndarray] = []
     for name, v, a in zip(names, graph.inputs, arrays, strict=True):
-        a = np.asarray(a)
+        try:
+            a = np.asarray(a)
+        except (ValueError, TypeError) as e:  # a ragged nested list, an object NumPy refuses
+            raise InputMismatchError(f"input '{name}': not an array ({e})") from None
         want = graph[v].dtype
         if a.dtype != want.np:
             raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
@@ -112,9 +131,17 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
             last_use[x] = i
     keep = {v.index for v in graph.outputs}
     env: list[np.ndarray | None] = [None] * len(infos)
+    budget = _available_bytes()
     for i, info in enumerate(infos):
         try:
             shape = info.shape.eval(bindings)
+            if not isinstance(info.op, _FREE_OPS):
+                need = math.prod(shape) * info.dtype.size
+                if need > budget:
+                    raise EvaluationError(
+                        f"needs {need / 2**30:.3g} GiB for this value, have "
+                        f"{budget / 2**30:.3g} GiB available"
+                    )
             result = _compute(info, shape, env, arrays, bindings)
         except (EvaluationError, ShapeMismatchError) as e:  # an op's own check, an unbound symbol
             raise type(e)(f"while computing {graph.format_value(graph.value(i))}: {e}") from e
@@ -136,6 +163,10 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
     return [
         np.array(env[v.index]) for v in graph.outputs
     ]  # writable copies, never views of constants
+
+
+_FREE_OPS = (Input, Constant, View, Broadcast, Permute, Slice, Iota)
+"""Ops whose results are views (or given): no new memory."""
 
 
 def _compute(
@@ -372,7 +403,34 @@ def _layernorm(a: np.ndarray, axis: int, eps: float) -> np.ndarray:
     return (d / np.sqrt(var + a.dtype.type(eps))).astype(a.dtype, copy=False)
 
 
+def _available_bytes() -> int:
+    """Memory this process may still allocate (MemAvailable; unbounded where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 2**62
+
+
 def _reduce(op: ReduceOp, a: np.ndarray, axes: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    # reduced axes that are broadcasts (stride 0) hold one value n times: reduce one copy
+    # (sum of 2^40 broadcast ones would otherwise take hours)
+    rep = [ax for ax in axes if a.strides[ax] == 0 and a.shape[ax] > 1]
+    if rep and not op.is_arg and 0 not in a.shape:
+        n = math.prod(a.shape[ax] for ax in rep)
+        a = a[tuple(slice(0, 1) if ax in rep else slice(None) for ax in range(a.ndim))]
+        out = _reduce(op, a, axes, dt)
+        with np.errstate(all="ignore"):
+            if op is ReduceOp.SUM:
+                acc = _acc(a.dtype)
+                return (out.astype(acc) * acc.type(n)).astype(dt, copy=False)
+            if op is ReduceOp.PROD:
+                acc = _acc(a.dtype)
+                return np.power(out.astype(acc), n).astype(dt, copy=False)
+        return out  # mean, min, max of n equal values
     with np.errstate(all="ignore"):
         match op:
             case ReduceOp.SUM:  # f16 accumulates in f32, as the GPU kernels do

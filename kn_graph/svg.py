@@ -21,11 +21,9 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import assert_never
 
-import numpy as np
-
+from kn_graph._cli import CliError, OneLineParser, load_npy, parse_int, writable_path
 from kn_graph.errors import KnError
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
@@ -246,7 +244,7 @@ def render_svg(dot_source: str, *, timeout: float = 300.0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="kn-svg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("model", help="ONNX model")
@@ -254,9 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--optimize", action="store_true", help="draw the optimized graph")
     ap.add_argument("--hide-const", action="store_true", help="leave out constants and their views")
     ap.add_argument("--show-names", action="store_true", help="show every value's debug name")
-    ap.add_argument(
-        "--batch", type=int, default=None, metavar="N", help=f"show shapes with {BATCH}=N"
-    )
+    ap.add_argument("--batch", default=None, metavar="N", help=f"show shapes with {BATCH}=N")
     ap.add_argument(
         "--input",
         action="append",
@@ -269,15 +265,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from kn_graph.onnx import ValueSpecializedModel, load_onnx
 
+        out = writable_path(args.out, "output")
+        if out.suffix not in (".svg", ".dot"):
+            raise CliError(f"output: '{args.out}' must end in .svg or .dot")
+        batch = None if args.batch is None else parse_int(args.batch, "--batch", 0, 2**31 - 1)
+        values = {}
+        for item in args.input:
+            name, sep, file = item.partition("=")
+            if not sep or not name:
+                raise CliError(f"--input must look like NAME=FILE.npy, found '{item}'")
+            values[name] = load_npy(file, f"--input {name}")
         loaded = load_onnx(args.model)
         if isinstance(loaded, ValueSpecializedModel):
-            values = {}
-            for item in args.input:
-                name, _, file = item.partition("=")
-                try:
-                    values[name] = np.load(file)
-                except (OSError, ValueError) as e:
-                    raise KnError(f"--input {item}: cannot read {file}: {e}") from None
             missing = [n for n in loaded.value_inputs if n not in values]
             if missing:
                 raise KnError(
@@ -290,14 +289,16 @@ def main(argv: list[str] | None = None) -> int:
             from kn_graph.optimizer import optimize
 
             graph = optimize(graph)
-        bindings = {BATCH: args.batch} if args.batch is not None else None
+        bindings = {BATCH: batch} if batch is not None else None
         src = graph_to_dot(
             graph, hide_const=args.hide_const, show_names=args.show_names, bindings=bindings
         )
-        out = Path(args.out)
-        out.write_text(src if out.suffix == ".dot" else render_svg(src))
+        try:
+            out.write_text(src if out.suffix == ".dot" else render_svg(src))
+        except OSError as e:
+            raise CliError(f"output: cannot write '{out}': {e.strerror or e}") from None
     except KnError as e:
-        print(f"kn-svg: error: {e}", file=sys.stderr)
+        print(f"kn-svg: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     print(f"kn-svg: wrote {out} ({len(graph)} values)")
     return 0

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kn_graph._cli import CliError, OneLineParser, load_npy, parse_int
 from kn_graph.cpu import bind_inputs
 from kn_graph.dtype import DType
 from kn_graph.errors import KnError, OnnxImportError, StaticInputRequiredError
@@ -62,11 +63,24 @@ def random_inputs(graph: Graph, bindings: dict[str, int], seed: int = 0) -> list
 def _parse_kv(items: list[str], what: str) -> dict[str, str]:
     out = {}
     for it in items:
-        if "=" not in it:
-            raise SystemExit(f"kn-run: {what} must look like name=value, found '{it}'")
-        k, v = it.split("=", 1)
+        k, sep, v = it.partition("=")
+        if not sep or not k:
+            raise CliError(f"{what} must look like name=value, found '{it}'")
+        if k in out:
+            raise CliError(f"{what} gives '{k}' twice")
         out[k] = v
     return out
+
+
+def _given_inputs(args: argparse.Namespace) -> dict[str, np.ndarray]:
+    return {k: load_npy(v, f"--input {k}") for k, v in _parse_kv(args.input, "--input").items()}
+
+
+def _dims(args: argparse.Namespace) -> dict[str, int]:
+    dims = {k: parse_int(v, f"--dim {k}") for k, v in _parse_kv(args.dim, "--dim").items()}
+    if args.batch is not None:
+        dims[BATCH] = parse_int(str(args.batch), "--batch", 0, 2**20)
+    return dims
 
 
 def _declared_inputs(
@@ -107,11 +121,11 @@ def _optimize(graph: Graph, enabled: bool) -> tuple[Graph, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = OneLineParser(
         prog="kn-run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("model", nargs="?", help="ONNX model (default: the embedded tiny model)")
-    ap.add_argument("--batch", type=int, default=None, help="batch size B (default 1)")
+    ap.add_argument("--batch", default=None, help="batch size B (default 1)")
     ap.add_argument(
         "--dim", action="append", default=[], metavar="NAME=N", help="bind another size symbol"
     )
@@ -120,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--device", default="best", choices=["cpu", "cuda", "best"])
     ap.add_argument("--bench", action="store_true", help="time repeated evaluations")
-    ap.add_argument("--runs", type=int, default=10, help="evaluations for --bench")
+    ap.add_argument("--runs", default="10", help="evaluations for --bench")
     ap.add_argument("--no-optimize", action="store_true", help="run the graph as loaded")
     ap.add_argument("--print-graph", action="store_true", help="print the graph")
     ap.add_argument(
@@ -137,21 +151,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except KnError as e:
-        print(f"kn-run: error: {e}", file=sys.stderr)
+        print(f"kn-run: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 
 def _run(args: argparse.Namespace) -> int:
     path = Path(args.model) if args.model else default_model_path()
-    given = {k: np.load(v) for k, v in _parse_kv(args.input, "--input").items()}
+    given = _given_inputs(args)
+    dims0 = _dims(args)
+    runs = parse_int(args.runs, "--runs", 1, 10**6)
     t0 = time.perf_counter()
     loaded = load_onnx(path)
     if isinstance(loaded, ValueSpecializedModel):
         # shapes decided by the values of some inputs (those must be given) or loaded per input
         # shape (the others are made up from the declared shapes, as for any model)
-        dims0 = {k: int(v) for k, v in _parse_kv(args.dim, "--dim").items()}
-        if args.batch is not None:
-            dims0[BATCH] = args.batch
         feed = dict(given)
         if loaded.by_shape:
             feed.update(_declared_inputs(loaded, dims0, skip=set(given)))
@@ -178,14 +191,22 @@ def _run(args: argparse.Namespace) -> int:
         print(graph)
 
     device = {"cpu": Device.cpu, "cuda": Device.cuda, "best": Device.best}[args.device]()
-    dims = {k: int(v) for k, v in _parse_kv(args.dim, "--dim").items()}
-    fixed = dict(dims)
-    if args.batch is not None:
-        fixed[BATCH] = args.batch
+    fixed = dict(dims0)
+    symbols = set().union(*(graph[v].shape.symbols for v in graph.inputs))
+    declared = {
+        d.dim_param
+        for i in (loaded.model.graph.input if isinstance(loaded, ValueSpecializedModel) else [])
+        for d in i.type.tensor_type.shape.dim
+    }  # a model loaded per shape has used them already
+    stray = sorted(set(fixed) - symbols - declared - {BATCH})
+    if stray:
+        raise CliError(
+            f"--dim names {stray}, which are not size symbols of the model ({sorted(symbols)})"
+        )
     unknown = sorted(set(given) - set(graph.input_names))
     if unknown:
-        raise SystemExit(
-            f"kn-run: --input names {unknown} are not inputs of the model ({graph.input_names})"
+        raise CliError(
+            f"--input names {unknown}, which are not inputs of the model ({graph.input_names})"
         )
     given_inputs = [
         (n, v) for n, v in zip(graph.input_names, graph.inputs, strict=True) if n in given
@@ -230,7 +251,7 @@ def _run(args: argparse.Namespace) -> int:
     times = [t_first]
     if args.bench:
         times = []
-        for _ in range(max(1, args.runs)):
+        for _ in range(runs):
             t0 = time.perf_counter()
             prepared.eval(inputs)
             times.append(time.perf_counter() - t0)

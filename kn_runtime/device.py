@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ import numpy as np
 
 from kn_graph.cpu import bind_inputs, evaluate, inputs_in_order
 from kn_graph.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
     CudaUnavailableError,
     InputMismatchError,
     KnError,
@@ -47,6 +50,8 @@ class Device:
     @staticmethod
     def cuda(index: int = 0) -> Device:
         """A CUDA device; raises CudaUnavailableError (saying why) when it cannot be used."""
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ArgumentTypeError(f"Device.cuda: index must be an int >= 0, found {index!r}")
         reason = _cuda_problem(index)
         if reason is not None:
             raise CudaUnavailableError(f"CUDA device {index} is not usable: {reason}")
@@ -67,8 +72,13 @@ class Device:
         `graph` may also be what `load_onnx` takes (a path, bytes, an `onnx.ModelProto`) or a
         `ValueSpecializedModel` (shapes decided by input values: one graph per distinct value).
         On CUDA, `settings` is a `kn_cuda_eval.device.ExecutorSettings` (None: the defaults)."""
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer)
+        ):
+            raise ArgumentTypeError(f"prepare: batch_size must be an int, found {batch_size!r}")
         if batch_size is not None and batch_size < 0:
-            raise ShapeMismatchError(f"batch size must be >= 0, found {batch_size}")
+            raise ArgumentValueError(f"prepare: batch_size must be >= 0, found {batch_size}")
+        batch_size = None if batch_size is None else int(batch_size)
         from kn_graph.onnx import ValueSpecializedModel, load_onnx
 
         if not isinstance(graph, Graph | ValueSpecializedModel):
@@ -77,7 +87,7 @@ class Device:
             import onnx
 
             if not isinstance(graph, str | bytes | os.PathLike | onnx.ModelProto):
-                raise InputMismatchError(
+                raise ArgumentTypeError(
                     f"prepare: expected a Graph, a ValueSpecializedModel or an ONNX model "
                     f"(path, bytes, ModelProto), found {type(graph).__name__}"
                 )
@@ -121,7 +131,8 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 class PreparedGraph:
-    """A graph bound to a device (and optionally to a batch size)."""
+    """A graph bound to a device (and optionally to a batch size). `eval` is thread-safe: the
+    CPU executor keeps no state between calls; CUDA evaluations of one graph take turns."""
 
     def __init__(self, graph: Graph, device: Device, batch_size: int | None) -> None:
         self.graph = graph
@@ -158,6 +169,9 @@ class CudaPreparedGraph(PreparedGraph):
         super().__init__(graph, device, batch_size)
         self.settings = settings
         self.executors: dict[tuple[tuple[str, int], ...], Any] = {}
+        # one arena and one stream per executor: evaluations from several threads take turns
+        # (the GPU runs one stream's work in order anyway)
+        self._lock = threading.RLock()
         symbols = (
             set().union(*(graph[v].shape.symbols for v in graph.inputs)) if graph.inputs else set()
         )
@@ -209,11 +223,15 @@ class CudaPreparedGraph(PreparedGraph):
             raise InputMismatchError(str(e)) from e
 
     def eval(self, inputs: Inputs, *, return_device: bool = False) -> list[Any]:
-        """Evaluate on the device; NumPy or device arrays in, NumPy (or device) arrays out."""
-        return self.executor(self._bindings(inputs)).eval(inputs, return_device=return_device)  # type: ignore[no-any-return]
+        """Evaluate on the device; NumPy or device arrays in, NumPy (or device) arrays out.
+        Thread-safe: concurrent calls are serialised."""
+        with self._lock:
+            ex = self.executor(self._bindings(inputs))
+            return ex.eval(inputs, return_device=return_device)  # type: ignore[no-any-return]
 
     def profile(self, inputs: Inputs) -> Any:
-        return self.executor(self._bindings(inputs)).profile(inputs)
+        with self._lock:
+            return self.executor(self._bindings(inputs)).profile(inputs)
 
 
 class SpecializingPreparedGraph(PreparedGraph):
@@ -227,6 +245,7 @@ class SpecializingPreparedGraph(PreparedGraph):
         self.batch_size = batch_size
         self.settings = settings
         self._prepared: dict[int, PreparedGraph] = {}
+        self._lock = threading.Lock()  # one load per new value, whichever thread asks first
 
     @property
     def graph(self) -> Graph:  # type: ignore[override]
@@ -238,11 +257,12 @@ class SpecializingPreparedGraph(PreparedGraph):
     def _split(self, inputs: Inputs) -> tuple[PreparedGraph, dict[str, Any]]:
         names = self.model.input_names
         by_name = dict(zip(names, inputs_in_order(names, inputs, "model"), strict=True))
-        graph = self.model.specialize({k: np.asarray(v) for k, v in by_name.items()})
-        prepared = self._prepared.get(id(graph))
-        if prepared is None:
-            prepared = self.device.prepare(graph, self.batch_size, settings=self.settings)
-            self._prepared[id(graph)] = prepared
+        with self._lock:
+            graph = self.model.specialize({k: np.asarray(v) for k, v in by_name.items()})
+            prepared = self._prepared.get(id(graph))
+            if prepared is None:
+                prepared = self.device.prepare(graph, self.batch_size, settings=self.settings)
+                self._prepared[id(graph)] = prepared
         rest = {n: by_name[n] for n in graph.input_names}
         return prepared, rest
 
