@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Developer script (needs torch): build and export the tiny Stable-Diffusion-shaped pipeline that
-ships in examples/tiny_sd/, or with --full-unet DIR a full SD 1.5 UNet with random weights.
+ships in kn_runtime/sd/tiny_sd/ (`kn-sd`'s default, package data of the wheel), or with
+--full-unet DIR a full SD 1.5 UNet with random weights.
 
 Not run by CI. Everything is built from configs with fixed seeds (nothing is downloaded):
 
@@ -19,7 +20,7 @@ Random weights give a random noise prediction of arbitrary scale; the UNet's and
 are rescaled so that the noise prediction has unit spread (like a trained epsilon model) and the
 decoded image spans the pixel range, otherwise the picture is a flat grey or saturated square.
 
-    /work/venv-fx/bin/python examples/make_tiny_sd.py                 # -> examples/tiny_sd/
+    /work/venv-fx/bin/python examples/make_tiny_sd.py                 # -> kn_runtime/sd/tiny_sd/
     /work/venv-fx/bin/python examples/make_tiny_sd.py --full-unet /work/sd15_unet
     /work/venv-fx/bin/python examples/make_tiny_sd.py --print-token-ids  # ids for the tests
 """
@@ -52,7 +53,8 @@ logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(loggin
 warnings.filterwarnings("ignore")
 torch.set_num_threads(2)
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
+TINY_SD = ROOT / "kn_runtime" / "sd" / "tiny_sd"  # package data, shipped in the wheel
 OPSET = 17
 NUM_MERGES = 400
 TEXT_LENGTH = 16
@@ -428,7 +430,7 @@ def print_token_ids(folder: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=HERE / "tiny_sd", help="tiny pipeline folder")
+    ap.add_argument("--out", type=Path, default=TINY_SD, help="tiny pipeline folder")
     ap.add_argument(
         "--full-unet",
         type=Path,

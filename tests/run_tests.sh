@@ -10,5 +10,5 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test,examples,nvrtc]"  # nvrtc: CI compiles every generated kernel
+.venv/bin/python -m pip install -q -e ".[test,sd,nvrtc]"  # nvrtc: CI compiles every generated kernel
 exec .venv/bin/python -m pytest -q "$@"

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from examples.sd.scheduler import (
+from kn_runtime.sd.scheduler import (
     DDIMScheduler,
     PNDMScheduler,
     SchedulerConfig,

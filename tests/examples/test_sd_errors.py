@@ -11,7 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from examples.stable_diffusion import TINY_SD, main
+from kn_runtime.sd import TINY_SD, cli
+from kn_runtime.sd.cli import main
+from kn_runtime.sd.pipeline import ModelFolder, PipelineError, Settings
 
 
 @pytest.fixture
@@ -133,21 +135,84 @@ def test_hidden_size_mismatch(capsys: pytest.CaptureFixture[str], folder: Path) 
     )
 
 
+@pytest.fixture
+def no_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if kn-sd gets as far as making an executor: bad arguments must be caught
+    before any model is loaded, let alone a whole generation run."""
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("kn-sd made an executor for a bad invocation")
+
+    monkeypatch.setattr(cli, "make_executor", refuse)
+
+
+BAD_INVOCATIONS = {
+    "png suffix": (["--png", "{tmp}/x.onnx"], "the file name must end in .png"),
+    "png no suffix": (["--png", "{tmp}/x"], "the file name must end in .png"),
+    "png is a folder": (["--png", "{tmp}/dir.png"], "is a folder"),
+    "png folder missing": (["--png", "{tmp}/no/such/x.png"], "does not exist"),
+    "png folder is a file": (["--png", "{tmp}/file/x.png"], "is not a folder"),
+    "out is a file": (["--out", "{tmp}/file"], "--out {tmp}/file is not a folder"),
+    "out under a file": (["--out", "{tmp}/file/sub"], "cannot create the output folder"),
+    "steps zero": (["--steps", "0"], "argument --steps: must be an integer >= 1, found 0"),
+    "steps negative": (["--steps", "-5"], "argument --steps: must be an integer >= 1"),
+    "steps not a number": (["--steps", "many"], "argument --steps: expected an integer"),
+    "steps too many": (["--steps", "1001"], "steps must be >= 1 and <= 1000, found 1001"),
+    "height zero": (["--height", "0"], "argument --height: must be an integer >= 1"),
+    "width negative": (["--width", "-8"], "argument --width: must be an integer >= 1"),
+    "height odd": (["--height", "33"], "multiples of 4 (the VAE factor 2 x the UNet's 2)"),
+    "width off the unet grid": (["--width", "34"], "found 32x34"),
+    "seed negative": (["--seed", "-1"], "argument --seed: must be an integer >= 0"),
+    "scaling factor": (["--scaling-factor", "0"], "argument --scaling-factor: must be > 0"),
+    "guidance nan": (["--guidance-scale", "nan"], "must be a finite number >= 0"),
+    "guidance text": (["--guidance-scale", "high"], "argument --guidance-scale: invalid float"),
+    "scheduler": (["--scheduler", "euler"], "argument --scheduler: invalid choice: 'euler'"),
+    "unknown option": (["--bogus"], "unrecognized arguments: --bogus"),
+    "model missing": (["--model", "{tmp}/nowhere"], "model folder {tmp}/nowhere does not exist"),
+    "model is a file": (["--model", "{tmp}/file"], "model folder {tmp}/file is not a folder"),
+    "model layout": (["--model", "{tmp}"], "lacks text_encoder/model.onnx"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INVOCATIONS))
+@pytest.mark.usefixtures("no_models")
+def test_bad_invocation_is_one_line_before_any_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, case: str
+) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    (tmp_path / "dir.png").mkdir()
+    argv, match = BAD_INVOCATIONS[case]
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    one_line_error(capsys, ["a cat", *argv], match.replace("{tmp}", str(tmp_path)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.png", "file"]  # nothing written
+
+
 @pytest.mark.parametrize("prompt", ["", "   \n\t"])
+@pytest.mark.usefixtures("no_models")
 def test_empty_prompt(capsys: pytest.CaptureFixture[str], prompt: str) -> None:
     one_line_error(capsys, [prompt], "the prompt is empty")
 
 
-@pytest.mark.parametrize("steps", ["0", "-5"])
-def test_steps_not_positive(capsys: pytest.CaptureFixture[str], steps: str) -> None:
-    one_line_error(capsys, ["a cat", "--steps", steps], "steps must be >= 1")
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        (Settings("a cat", steps=0), "steps must be >= 1"),
+        (Settings("a cat", seed=-1), "the seed must be >= 0"),
+        (Settings(" "), "the prompt is empty"),
+        (Settings("a cat", height=-4), "positive multiples of 4"),
+        (Settings("a cat", scaling_factor=0.0), "the scaling factor must be > 0"),
+        (Settings("a cat", guidance_scale=float("inf")), "guidance scale"),
+    ],
+)
+def test_library_checks_settings(settings: Settings, match: str) -> None:
+    with pytest.raises(PipelineError, match=match):
+        ModelFolder(TINY_SD).check(settings)
 
 
-def test_bad_sizes_and_factors(capsys: pytest.CaptureFixture[str]) -> None:
-    one_line_error(capsys, ["a cat", "--height", "33"], "multiples of 2")
-    one_line_error(capsys, ["a cat", "--width", "-8"], "multiples of 2")
-    one_line_error(capsys, ["a cat", "--scaling-factor", "0"], "scaling factor must be > 0")
-    one_line_error(capsys, ["a cat", "--guidance-scale", "nan"], "guidance scale")
+def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0 and "usage: kn-sd" in capsys.readouterr().out
 
 
 def test_cuda_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
@@ -161,15 +226,6 @@ def test_cuda_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
         assert rc == 2 and len(err) == 1 and err[0].startswith("kn-sd: error: CUDA device 0")
     else:
         pytest.skip("a CUDA device is present")
-
-
-def test_negative_seed(capsys: pytest.CaptureFixture[str]) -> None:
-    one_line_error(capsys, ["a cat", "--seed", "-1"], "the seed must be >= 0")
-
-
-def test_unwritable_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    target = tmp_path / "no" / "such" / "dir" / "x.png"
-    one_line_error(capsys, ["a cat", "--steps", "1", "--png", str(target)], "cannot write")
 
 
 def test_onnxruntime_executor_load_error(

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from examples.sd.executors import KyaniteExecutor, OnnxruntimeExecutor
-from examples.sd.pipeline import GenerationResult, Settings, StableDiffusion
-from examples.stable_diffusion import TINY_SD, main
 from kn_runtime import Device
+from kn_runtime.sd import TINY_SD
+from kn_runtime.sd.cli import main
+from kn_runtime.sd.executors import KyaniteExecutor, OnnxruntimeExecutor
+from kn_runtime.sd.pipeline import GenerationResult, Settings, StableDiffusion
 
 pytest.importorskip("onnxruntime")
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from examples.sd.tokenizer import (
+from kn_runtime.sd import TINY_SD
+from kn_runtime.sd.tokenizer import (
     BpeTokenizer,
     HfTokenizer,
     TokenizerError,
@@ -17,7 +18,7 @@ from examples.sd.tokenizer import (
     pre_split,
 )
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "examples" / "tiny_sd" / "tokenizer"
+TOKENIZER = TINY_SD / "tokenizer"
 
 # fmt: off
 KNOWN = {

@@ -18,16 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from examples.sd.executors import Executor, LoadedModel
-from examples.sd.scheduler import SchedulerConfig, SchedulerError, make_scheduler
-from examples.sd.signature import (
+from kn_runtime.sd.executors import Executor, LoadedModel
+from kn_runtime.sd.scheduler import SchedulerConfig, SchedulerError, make_scheduler
+from kn_runtime.sd.signature import (
     PipelineError,
     read_signature,
     text_encoder_ports,
     unet_ports,
     vae_decoder_ports,
 )
-from examples.sd.tokenizer import load_tokenizer
+from kn_runtime.sd.tokenizer import load_tokenizer
 
 __all__ = [
     "GenerationResult",
@@ -92,7 +92,8 @@ class ModelFolder:
 
     def __init__(self, root: Path) -> None:
         if not root.is_dir():
-            raise PipelineError(f"model folder {root} does not exist")
+            what = "is not a folder" if root.exists() else "does not exist"
+            raise PipelineError(f"model folder {root} {what}")
         missing = [p for p in LAYOUT if not (root / p).exists()]
         if missing:
             raise PipelineError(
@@ -104,6 +105,9 @@ class ModelFolder:
         unet_cfg = _read_json(root / "unet" / "config.json")
         try:
             self.vae_factor = 2 ** (len(vae_cfg.get("block_out_channels", [0] * 4)) - 1)
+            # the UNet halves the latents once per down block but the last, then doubles them
+            # back and concatenates the skips: the latent sides must divide by that factor
+            self.unet_factor = 2 ** max(0, len(unet_cfg.get("down_block_types", [0])) - 1)
             self.latent_channels = int(vae_cfg.get("latent_channels", 4))
             self.scaling_factor = float(vae_cfg.get("scaling_factor", DEFAULT_SCALING_FACTOR))
             self.sample_size = int(unet_cfg.get("sample_size") or 64)
@@ -136,6 +140,32 @@ class ModelFolder:
                 f"cross-attention size {cross}"
             )
 
+    def check(self, s: Settings) -> tuple[int, int]:
+        """The settings against this folder, before any model is loaded: the image's height and
+        width (the UNet's default size when not set)."""
+        if not s.prompt.strip():
+            raise PipelineError("the prompt is empty")
+        if s.seed < 0:
+            raise PipelineError(f"the seed must be >= 0, found {s.seed}")
+        train_steps = self.scheduler_config.num_train_timesteps
+        if not 1 <= s.steps <= train_steps:
+            raise PipelineError(f"steps must be >= 1 and <= {train_steps}, found {s.steps}")
+        if not np.isfinite(s.guidance_scale) or s.guidance_scale < 0:
+            raise PipelineError(
+                f"guidance scale must be a finite number >= 0, found {s.guidance_scale}"
+            )
+        if s.scaling_factor is not None and not s.scaling_factor > 0:
+            raise PipelineError(f"the scaling factor must be > 0, found {s.scaling_factor}")
+        f = self.vae_factor * self.unet_factor
+        h = self.default_size if s.height is None else s.height
+        w = self.default_size if s.width is None else s.width
+        if h <= 0 or w <= 0 or h % f or w % f:
+            raise PipelineError(
+                f"height and width must be positive multiples of {f} (the VAE factor "
+                f"{self.vae_factor} x the UNet's {self.unet_factor}), found {h}x{w}"
+            )
+        return h, w
+
     @property
     def default_size(self) -> int:
         return self.sample_size * self.vae_factor
@@ -167,27 +197,8 @@ class StableDiffusion:
         self.timings[stage] = self.timings.get(stage, 0.0) + seconds
 
     def check(self, s: Settings) -> tuple[int, int]:
-        if not s.prompt.strip():
-            raise PipelineError("the prompt is empty")
-        if s.seed < 0:
-            raise PipelineError(f"the seed must be >= 0, found {s.seed}")
-        if s.steps <= 0:
-            raise PipelineError(f"steps must be >= 1, found {s.steps}")
-        if not np.isfinite(s.guidance_scale) or s.guidance_scale < 0:
-            raise PipelineError(
-                f"guidance scale must be a finite number >= 0, found {s.guidance_scale}"
-            )
-        if s.scaling_factor is not None and not s.scaling_factor > 0:
-            raise PipelineError(f"the scaling factor must be > 0, found {s.scaling_factor}")
-        f = self.folder.vae_factor
-        h = s.height or self.folder.default_size
-        w = s.width or self.folder.default_size
-        if h <= 0 or w <= 0 or h % f or w % f:
-            raise PipelineError(
-                f"height and width must be positive multiples of {f} (the VAE "
-                f"factor), found {h}x{w}"
-            )
-        return h, w
+        """The settings against the model folder (`ModelFolder.check`): the image height, width."""
+        return self.folder.check(s)
 
     # -- stages -------------------------------------------------------------------------------
     def encode_text(self, prompts: list[str]) -> tuple[np.ndarray, np.ndarray]:

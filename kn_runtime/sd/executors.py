@@ -4,6 +4,7 @@ can be compared tensor for tensor."""
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,9 +12,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from examples.sd.signature import PipelineError
+from kn_graph import Graph
 from kn_graph.onnx import load_onnx
 from kn_runtime import Device, PreparedGraph
+from kn_runtime.sd.signature import PipelineError
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -60,7 +62,8 @@ class KyaniteExecutor:
         t0 = time.perf_counter()
         graph = load_onnx(path, input_shapes={k: list(v) for k, v in input_shapes.items()})
         times["load"] = time.perf_counter() - t0
-        if self.optimize:
+        # a ValueSpecializedModel (shapes decided by input values) is left to Device.prepare
+        if self.optimize and isinstance(graph, Graph):
             from kn_graph.optimizer import optimize
 
             t0 = time.perf_counter()
@@ -106,6 +109,10 @@ class OnnxruntimeExecutor:
 def make_executor(name: str, device: str = "best") -> Executor:
     """`kyanite` on cpu|cuda|best, or `onnxruntime` (CPU)."""
     if name == "onnxruntime":
+        if importlib.util.find_spec("onnxruntime") is None:
+            raise PipelineError(
+                "--executor onnxruntime needs the 'onnxruntime' package: pip install 'kyanite[sd]'"
+            )
         return OnnxruntimeExecutor()
     dev = {"cpu": Device.cpu, "cuda": Device.cuda, "best": Device.best}[device]()
     return KyaniteExecutor(dev)

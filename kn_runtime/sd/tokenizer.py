@@ -198,7 +198,8 @@ class HfTokenizer:
             from tokenizers import Tokenizer
         except ImportError:
             raise TokenizerError(
-                f"{path} needs the 'tokenizers' package (pip install tokenizers)"
+                f"{path} needs the 'tokenizers' package: pip install 'kyanite[sd]' "
+                "(or a folder with vocab.json + merges.txt, read without it)"
             ) from None
         try:
             self.tok = Tokenizer.from_file(str(path))
