@@ -4,11 +4,13 @@ so a wrong offset, an overlap or a missed copy gives a wrong answer. It sees onl
 
 GEMMs are emulated from their cuBLAS arguments (m, n, k, transposes, leading dimensions, batch
 strides); the arena starts filled with 0xFF bytes (NaN for floats) so reading memory nothing wrote
-shows up.
+shows up. A plan is validated before its first emulation, and the arena and each step's scratch
+are checked against the memory available before anything is allocated.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import assert_never
 
@@ -18,6 +20,7 @@ from kn_cuda_eval import steps as st
 from kn_cuda_eval.emulator_ops import compute_dtype, eval_program, index_values
 from kn_cuda_eval.plan import Plan
 from kn_cuda_eval.view import StridedView
+from kn_graph.cpu import available_bytes
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, InputMismatchError
 from kn_graph.ops import ReduceOp
@@ -69,6 +72,21 @@ def emulate(
         arrays = list(inputs)
     if len(arrays) != len(plan.inputs):
         raise InputMismatchError(f"expected {len(plan.inputs)} inputs, found {len(arrays)}")
+    plan.validate_once()
+    have = available_bytes()
+    if plan.arena_size > have:
+        raise EvaluationError(
+            f"emulate: needs {_gib(plan.arena_size)} GiB for the arena, have {_gib(have)} GiB "
+            "available"
+        )
+    budget = have - plan.arena_size
+    for k, s in enumerate(plan.steps):
+        need = _scratch_bytes(s)
+        if need > budget:
+            raise EvaluationError(
+                f"emulate: step {k} ({s.describe()[:200]}) needs about {_gib(need)} GiB of "
+                f"scratch, have {_gib(budget)} GiB available beside the arena"
+            )
     arena = np.full(plan.arena_size, 0xFF, dtype=np.uint8)
     for off, data in plan.constants:
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
@@ -86,7 +104,39 @@ def emulate(
             _step(arena, s)
         except EvaluationError as e:
             raise EvaluationError(f"step {k} ({s.describe()}): {e}") from None
+        except MemoryError as e:  # the estimate was short: still ours, naming the step
+            raise EvaluationError(f"step {k} ({s.describe()[:200]}): out of memory: {e}") from e
     return [np.array(_nd(arena, v)) for v in plan.outputs]
+
+
+def _gib(n: int) -> str:
+    x = n / 2**30
+    return f"{x:.3g}" if x < 1000 else f"{x:,.0f}"
+
+
+def _scratch_bytes(s: st.Step) -> int:
+    """About the most the emulator allocates beside the arena for one step: f64-wide
+    temporaries (a few values of a fused program alive at once), the operands a GEMM or a
+    convolution converts, the im2col matrix."""
+    match s:
+        case st.Elementwise():
+            return 3 * 8 * math.prod(s.shape)
+        case st.Reduce(x) | st.Softmax(x) | st.Layernorm(x):
+            return 3 * 8 * math.prod(x.shape)
+        case st.Copy(src):
+            return src.nbytes
+        case st.MatMul():
+            return 8 * s.batch * (s.m * s.k + s.k * s.n + 2 * s.m * s.n)
+        case st.Conv():
+            ks = math.prod(s.w.shape[2:])
+            return 8 * (s.out.numel * s.x.shape[1] // s.groups * ks + 2 * s.out.numel + s.x.numel)
+        case st.Gather():
+            return 8 * (s.out.numel + s.indices.numel)
+        case st.Attention():
+            scores = math.prod(s.q.shape[:-1]) * s.k.shape[-2]
+            return 8 * (3 * scores + s.q.numel + s.k.numel + s.v.numel + s.out.numel)
+        case _:
+            assert_never(s)
 
 
 def _step(arena: np.ndarray, s: st.Step) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import scipy.special
 
-from kn_cuda_eval.program import Bin, Const, Index, Load, Program, Sel, Un
+from kn_cuda_eval.program import Bin, Const, Index, Instr, Load, Program, Sel, Un
 from kn_graph.dtype import DType
 from kn_graph.ops import BinaryOp, UnaryOp
 
@@ -198,14 +198,26 @@ def _binary(op: BinaryOp, a: np.ndarray, b: np.ndarray, src: DType) -> np.ndarra
             return _shift(a, b, False)
 
 
+_FREED = np.empty(0)
+
+
 def eval_program(
     prog: Program, loads: Sequence[np.ndarray], indices: Sequence[np.ndarray]
 ) -> list[np.ndarray]:
-    """Every value of the program (in compute types), operands already read from the arena."""
+    """The program's values (in compute types), operands already read from the arena. A value
+    that is no root is replaced by an empty array after its last use, so a long fused chain
+    holds a few full-size arrays at a time, not one per instruction."""
+    n = len(prog.instrs)
+    last = list(range(n))
+    for k, ins in enumerate(prog.instrs):
+        for x in _operands(ins):
+            last[x] = k
+    for r in prog.roots:
+        last[r] = n
     vals: list[np.ndarray] = []
     dts: list[DType] = []
     with np.errstate(all="ignore"):
-        for ins in prog.instrs:
+        for k, ins in enumerate(prog.instrs):
             match ins:
                 case Load(arg, dt):
                     v = np.asarray(loads[arg]).astype(compute_dtype(dt), copy=False)
@@ -225,4 +237,19 @@ def eval_program(
                     v = np.where(vals[c], vals[a], vals[b])
             vals.append(np.asarray(v).astype(compute_dtype(ins.dtype), copy=False))
             dts.append(ins.dtype)
+            for x in _operands(ins):
+                if last[x] == k:
+                    vals[x] = _FREED
     return vals
+
+
+def _operands(ins: Instr) -> tuple[int, ...]:
+    match ins:
+        case Un(_, x):
+            return (x,)
+        case Bin(_, a, b):
+            return (a, b)
+        case Sel(c, a, b):
+            return (c, a, b)
+        case _:
+            return ()

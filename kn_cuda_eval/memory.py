@@ -8,6 +8,8 @@ its lower bound is the largest sum of simultaneously live buffer sizes over all 
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,54 +57,89 @@ def lower_bound(sizes: Sequence[int], ranges: Sequence[tuple[int, int]], n_steps
     """max over steps of the bytes live at that step (aligned sizes): no packing can beat it."""
     if not sizes:
         return 0
-    delta = np.zeros(max(n_steps, 1) + 1, dtype=np.int64)
+    delta = [0] * (max(n_steps, 1) + 1)  # Python ints: no overflow, whatever the sizes
     for s, (a, b) in zip(sizes, ranges, strict=True):
         delta[a] += align(s)
         delta[b + 1] -= align(s)
-    return int(np.cumsum(delta).max())
+    return max(itertools.accumulate(delta))
+
+
+_MAX_PAIRS = 1 << 23
+"""Neighbour lists (buffer pairs with intersecting live ranges) up to this many entries; beyond it
+(thousands of buffers live at once) each placement scans all buffers with NumPy instead."""
+
+
+def _neighbours(first: np.ndarray, last: np.ndarray) -> list[list[int]] | None:
+    """For every buffer, the buffers whose live ranges intersect its own (in index order), by one
+    sweep over start steps: O(n log n + pairs). None when there would be over `_MAX_PAIRS`."""
+    n = len(first)
+    sf, sl = np.sort(first), np.sort(last)
+    deg = np.searchsorted(sf, last, "right") - np.searchsorted(sl, first, "left") - 1
+    if int(deg.sum()) > _MAX_PAIRS:
+        return None
+    fst, lst = first.tolist(), last.tolist()
+    nbrs: list[list[int]] = [[] for _ in range(n)]
+    active: set[int] = set()
+    expiry: list[tuple[int, int]] = []
+    for i in sorted(range(n), key=lambda i: (fst[i], i)):
+        while expiry and expiry[0][0] < fst[i]:
+            active.discard(heapq.heappop(expiry)[1])
+        mine = nbrs[i]
+        for j in active:
+            mine.append(j)
+            nbrs[j].append(i)
+        active.add(i)
+        heapq.heappush(expiry, (lst[i], i))
+    return nbrs
 
 
 def _greedy(
-    order: Sequence[int], sizes: Sequence[int], first: np.ndarray, last: np.ndarray, best_fit: bool
+    order: Sequence[int],
+    sizes: Sequence[int],
+    first: np.ndarray,
+    last: np.ndarray,
+    nbrs: list[list[int]] | None,
+    best_fit: bool,
 ) -> tuple[list[int], int]:
     """Place buffers in `order`, each in a gap between already placed buffers whose live ranges
-    intersect its own: the lowest such gap (first fit) or the smallest (best fit); else on top."""
+    intersect its own: the lowest such gap (first fit) or the smallest (best fit); else on top.
+    `nbrs` (from `_neighbours`) makes each placement cost its neighbours, not all buffers."""
     n = len(sizes)
     offsets = [0] * n
-    placed = np.zeros(n, dtype=bool)
-    p_off = np.zeros(n, dtype=np.int64)
-    p_end = np.zeros(n, dtype=np.int64)
+    placed = [False] * n
+    ends = [0] * n
+    placed_np = np.zeros(n, dtype=bool) if nbrs is None else None
     peak = 0
     for i in order:
         size = align(sizes[i])
         if size == 0:
             offsets[i] = 0
             continue
-        conflict = placed & (first <= last[i]) & (last >= first[i])
-        idx = np.nonzero(conflict)[0]
-        best = None
-        if idx.size:
-            o = p_off[idx]
-            e = p_end[idx]
-            srt = np.argsort(o, kind="stable")
-            o, e = o[srt], e[srt]
-            # best fit: the smallest gap that holds the buffer; else the top of the stack
-            cur = 0
-            best_gap = None
-            for lo, hi in zip(o.tolist(), e.tolist(), strict=True):
-                if lo - cur >= size and (best_gap is None or lo - cur < best_gap):
-                    best, best_gap = cur, lo - cur
-                    if not best_fit:
-                        break
-                cur = max(cur, hi)
-            if best is None:
-                best = cur
+        if nbrs is not None:
+            spans = sorted((offsets[j], ends[j]) for j in nbrs[i] if placed[j])
         else:
-            best = 0
+            assert placed_np is not None
+            idx = np.nonzero(placed_np & (first <= last[i]) & (last >= first[i]))[0].tolist()
+            spans = sorted((offsets[j], ends[j]) for j in idx)
+        # the gaps between the placed spans, in offset order (ties: only the first of equal
+        # offsets can start a gap, so the order among them does not matter)
+        cur = 0
+        best = None
+        best_gap = 0
+        for lo, hi in spans:
+            if lo - cur >= size and (best is None or lo - cur < best_gap):
+                best, best_gap = cur, lo - cur
+                if not best_fit:
+                    break
+            if hi > cur:
+                cur = hi
+        if best is None:
+            best = cur
         offsets[i] = best
         placed[i] = True
-        p_off[i] = best
-        p_end[i] = best + size
+        if placed_np is not None:
+            placed_np[i] = True
+        ends[i] = best + size
         peak = max(peak, best + size)
     return offsets, peak
 
@@ -111,23 +148,26 @@ def pack(sizes: Sequence[int], ranges: Sequence[tuple[int, int]]) -> tuple[list[
     """Offsets (relative to the workspace) and the workspace size for buffers with the given sizes
     and inclusive live ranges. Tries a few greedy orders (by size, by start, by size·lifetime, by
     lifetime), each with best-fit and first-fit gaps, and keeps the smallest peak; each pass is
-    O(n·k) for k buffers live at once."""
+    O(Σ k log k) for k buffers live at once with each buffer."""
     n = len(sizes)
     if n == 0:
         return [], 0
     first = np.array([a for a, _ in ranges], dtype=np.int64)
     last = np.array([b for _, b in ranges], dtype=np.int64)
-    length = last - first + 1
+    length = (last - first + 1).tolist()
+    fst = first.tolist()
+    asz = [align(s) for s in sizes]
     orders = [
-        sorted(range(n), key=lambda i: (-align(sizes[i]), first[i], i)),  # greedy by size
-        sorted(range(n), key=lambda i: (first[i], -align(sizes[i]), i)),  # by start (linear scan)
-        sorted(range(n), key=lambda i: (-align(sizes[i]) * int(length[i]), i)),  # by area
-        sorted(range(n), key=lambda i: (-int(length[i]), -align(sizes[i]), i)),  # by lifetime
+        sorted(range(n), key=lambda i: (-asz[i], fst[i], i)),  # greedy by size
+        sorted(range(n), key=lambda i: (fst[i], -asz[i], i)),  # by start (linear scan)
+        sorted(range(n), key=lambda i: (-asz[i] * length[i], i)),  # by area
+        sorted(range(n), key=lambda i: (-length[i], -asz[i], i)),  # by lifetime
     ]
+    nbrs = _neighbours(first, last)
     best: tuple[list[int], int] | None = None
     for order in orders:
         for best_fit in (True, False):
-            got = _greedy(order, sizes, first, last, best_fit)
+            got = _greedy(order, sizes, first, last, nbrs, best_fit)
             if best is None or got[1] < best[1]:
                 best = got
     assert best is not None

@@ -23,7 +23,7 @@ from kn_cuda_eval import steps as st
 from kn_cuda_eval.memory import ALIGN, Buffer, BufferKind, MemoryReport, align, lower_bound, pack
 from kn_cuda_eval.view import StridedView
 from kn_graph.dtype import DType
-from kn_graph.errors import PlanError
+from kn_graph.errors import ArgumentTypeError, ArgumentValueError, PlanError
 from kn_graph.graph import Graph
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["Plan", "plan"]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class Plan:
     """Everything an executor needs: the steps, where inputs go and outputs come from, the
     constant data and the arena size. Offsets are bytes from the arena start."""
@@ -100,77 +100,21 @@ class Plan:
     def validate(self) -> None:
         """Raise PlanError unless: no two simultaneously live buffers overlap; every view a step
         touches lies inside the arena and inside a buffer live at that step; no step writes over
-        what it reads; constants sit apart from the workspace; GEMM arguments are legal."""
-        size = self.arena_size
-        bufs = list(self.buffers)
-        for b in bufs:
-            if b.offset % ALIGN or b.offset < 0 or b.end > size:
-                raise PlanError(
-                    f"buffer {b.name} [{b.offset}, {b.end}) misaligned or outside the arena of {size} B"
-                )
-            region = b.offset < self.workspace_offset
-            if region != (b.kind in (BufferKind.CONST, BufferKind.STATUS)) and b.size:
-                raise PlanError(f"buffer {b.name} ({b.kind.value}) lies in the wrong region")
-        if bufs:
-            off = np.array([b.offset for b in bufs], dtype=np.int64)
-            end = np.array([b.end for b in bufs], dtype=np.int64)
-            fst = np.array([b.first for b in bufs], dtype=np.int64)
-            lst = np.array([b.last for b in bufs], dtype=np.int64)
-            nz = np.array([b.size > 0 for b in bufs])
-            for i, b in enumerate(bufs):
-                if not b.size:
-                    continue
-                clash = nz & (off < b.end) & (end > b.offset) & (fst <= b.last) & (lst >= b.first)
-                clash[i] = False
-                if clash.any():
-                    o = bufs[int(np.nonzero(clash)[0][0])]
-                    raise PlanError(
-                        f"buffers {b.name} [{b.offset}, {b.end}) live {b.first}..{b.last} and {o.name} "
-                        f"[{o.offset}, {o.end}) live {o.first}..{o.last} overlap"
-                    )
-        by_step: list[list[Buffer]] = [[] for _ in range(max(len(self.steps), 1))]
-        for b in bufs:
-            for p in range(max(b.first, 0), min(b.last, len(self.steps) - 1) + 1):
-                by_step[p].append(b)
-        for p, s in enumerate(self.steps):
-            reads, writes = s.reads(), s.writes()
-            for v in (*reads, *writes):
-                lo, hi = v.byte_extent()
-                if lo == hi:
-                    continue
-                if lo < 0 or hi > size:
-                    raise PlanError(
-                        f"step {p} ({s.describe()}): view {v} [{lo}, {hi}) outside the arena of {size} B"
-                    )
-                if not any(b.offset <= lo and hi <= b.end for b in by_step[p]):
-                    raise PlanError(
-                        f"step {p} ({s.describe()}): view {v} [{lo}, {hi}) is in no buffer live at that step"
-                    )
-            for w in writes:
-                wlo, whi = w.byte_extent()
-                for r in reads:
-                    rlo, rhi = r.byte_extent()
-                    if wlo < rhi and rlo < whi and wlo != whi and rlo != rhi:
-                        raise PlanError(
-                            f"step {p} ({s.describe()}): writes {w} over its operand {r}"
-                        )
-                if any(b.kind is BufferKind.CONST and b.offset <= wlo < b.end for b in by_step[p]):
-                    raise PlanError(f"step {p} ({s.describe()}): writes into a constant")
-            if isinstance(s, st.MatMul):
-                _check_gemm(p, s)
+        what it reads; constants sit apart from the workspace; GEMM arguments are legal.
+        O((buffers + views) · log buffers)."""
+        from kn_cuda_eval.validate import validate_plan
+
+        validate_plan(self)
+
+    def validate_once(self) -> None:
+        """`validate()`, skipped for a plan that already passed: what the emulator and the
+        executor call before running a plan."""
+        from kn_cuda_eval.validate import validate_once
+
+        validate_once(self)
 
     def inputs_by_name(self) -> dict[str, StridedView]:
         return dict(zip(self.input_names, self.inputs, strict=True))
-
-
-def _check_gemm(p: int, s: st.MatMul) -> None:
-    rows_a = s.k if s.transa else s.m
-    rows_b = s.n if s.transb else s.k
-    for name, ld, rows in (("lda", s.lda, rows_a), ("ldb", s.ldb, rows_b), ("ldc", s.ldc, s.m)):
-        if ld < max(1, rows):
-            raise PlanError(f"step {p} ({s.describe()}): {name}={ld} < rows {rows}")
-    if s.c.shape != (s.batch, s.n, s.m) or s.a.shape[0] != s.batch or s.b.shape[0] != s.batch:
-        raise PlanError(f"step {p} ({s.describe()}): operand shapes disagree with m, n, k, batch")
 
 
 def plan(
@@ -180,9 +124,11 @@ def plan(
     settings: PlanSettings | None = None,
 ) -> Plan:
     """Plan `graph` for concrete sizes: B from `batch_size`, other symbols from `bindings`.
-    Pure Python; no GPU, no CuPy."""
+    Pure Python; no GPU, no CuPy. A wrong argument type is an `ArgumentTypeError`, a bad value
+    an `ArgumentValueError` (also `TypeError` / `ValueError`)."""
     from kn_cuda_eval.planner import PlanSettings, _Planner, bind_symbols
 
+    _check_arguments(graph, batch_size, bindings, settings)
     sets = settings if settings is not None else PlanSettings()
     binds = bind_symbols(graph, batch_size, bindings)
     p = _Planner(graph, binds, sets)
@@ -190,8 +136,43 @@ def plan(
     return _finish(graph, p, binds)
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_)
+
+
+def _check_arguments(graph: object, batch_size: object, bindings: object, settings: object) -> None:
+    from kn_cuda_eval.planner import PlanSettings
+
+    if not isinstance(graph, Graph):
+        hint = " (call .specialize(inputs) first)" if hasattr(graph, "specialize") else ""
+        raise ArgumentTypeError(
+            f"plan: graph must be a kn_graph Graph, found {type(graph).__name__}{hint}"
+        )
+    if batch_size is not None and not _is_int(batch_size):
+        raise ArgumentTypeError(f"plan: batch_size must be an int or None, found {batch_size!r}")
+    if batch_size is not None and batch_size < 0:  # type: ignore[operator]
+        raise ArgumentValueError(f"plan: batch_size must be >= 0, found {batch_size}")
+    if bindings is not None:
+        if not isinstance(bindings, Mapping):
+            raise ArgumentTypeError(
+                f"plan: bindings must be a mapping of size symbol -> int, found "
+                f"{type(bindings).__name__}"
+            )
+        for k, v in bindings.items():
+            if not isinstance(k, str):
+                raise ArgumentTypeError(f"plan: bindings keys must be symbol names, found {k!r}")
+            if not _is_int(v):
+                raise ArgumentTypeError(f"plan: bindings['{k}'] must be an int, found {v!r}")
+            if v < 0:
+                raise ArgumentValueError(f"plan: bindings['{k}'] must be >= 0, found {v}")
+    if settings is not None and not isinstance(settings, PlanSettings):
+        raise ArgumentTypeError(
+            f"plan: settings must be a PlanSettings or None, found {type(settings).__name__}"
+        )
+
+
 def _finish(graph: Graph, p: object, binds: dict[str, int]) -> Plan:
-    from kn_cuda_eval.planner import _ID_SHIFT, _OFF_MASK, _Planner
+    from kn_cuda_eval.planner import _ID_SHIFT, _OFF_MASK, MAX_BUFFER_BYTES, _Planner
 
     assert isinstance(p, _Planner)
     steps = p.steps
@@ -253,6 +234,11 @@ def _finish(graph: Graph, p: object, binds: dict[str, int]) -> Plan:
     sizes = [p.bufs[b].size for b in ws]
     ranges = [(first[b], last[b]) for b in ws]
     offsets, peak = pack(sizes, ranges)
+    if work_off + peak >= MAX_BUFFER_BYTES:
+        raise PlanError(
+            f"plan: the arena needs {work_off + peak:,} bytes (constants {const_size:,}, "
+            f"workspace {peak:,}), more than a plan can address (below 2^48 bytes = 256 TiB)"
+        )
     for b, o in zip(ws, offsets, strict=True):
         base[b] = work_off + o
         buf = p.bufs[b]

@@ -3,12 +3,13 @@ a view of the arena, fusing elementwise chains, and emits the steps that fill th
 
 Each live value ends up in one of two states:
 - *materialised*: a `StridedView` (inputs, constants, step outputs, and free views of those);
-- *lazy*: an `Expr` not yet computed — an elementwise program over views. Lazy values flow through
-  view ops (the op is applied to every leaf view) and merge into their users, so a whole chain of
-  Unary/Binary/Select/Iota becomes one kernel. A lazy value is materialised by an `Elementwise`
-  step when it has more than one user or is an output (fusion never recomputes a shared value), and
-  before any library call (cuBLAS, cuDNN). Row kernels (softmax, layernorm, reduce) take a lazy
-  input as their prologue.
+- *lazy*: a `Lazy` not yet computed — an elementwise DAG over views (kn_cuda_eval/lazy.py; O(1)
+  to extend, flattened once per kernel). Lazy values flow through view ops (the op is applied to
+  every leaf view) and merge into their users, so a whole chain of Unary/Binary/Select/Iota
+  becomes one kernel (split every `max_kernel_ops` instructions). A lazy value is materialised by
+  an `Elementwise` step when it has more than one user or is an output (fusion never recomputes a
+  shared value), and before any library call (cuBLAS, cuDNN). Row kernels (softmax, layernorm,
+  reduce) take a lazy input as their prologue.
 
 Buffers are named in a planning address space (buffer id in the high bits of the offset) and
 rebased to arena offsets once the memory planner has packed them.
@@ -24,11 +25,12 @@ from typing import assert_never
 import numpy as np
 
 from kn_cuda_eval import steps as st
+from kn_cuda_eval.lazy import Lazy, combine
 from kn_cuda_eval.memory import BufferKind
 from kn_cuda_eval.program import Bin, Const, Index, Load, Program, ProgramBuilder, Sel, Un
 from kn_cuda_eval.view import StridedView, coalesce
 from kn_graph.dtype import DType
-from kn_graph.errors import KnError, PlanError
+from kn_graph.errors import ArgumentTypeError, ArgumentValueError, KnError, PlanError
 from kn_graph.graph import Graph
 from kn_graph.ops import (
     Attention,
@@ -58,11 +60,15 @@ __all__ = ["PlanSettings", "bind_symbols"]
 
 _ID_SHIFT = 48  # planning address = buffer id << 48 | byte offset inside the buffer
 _OFF_MASK = (1 << _ID_SHIFT) - 1
+MAX_BUFFER_BYTES = 1 << _ID_SHIFT
+"""The largest tensor a plan can hold (256 TiB): offsets inside a buffer must stay below the
+buffer id's bits. No device has that much memory; a larger tensor is a PlanError, not a wrapped
+offset."""
 _MAX_FILLED_CONST = (
     1 << 20
 )  # a uniform constant materialised as data up to this size, else a fill kernel
 
-State = StridedView | st.Expr
+State = StridedView | Lazy
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +86,27 @@ class PlanSettings:
     arithmetic instructions; larger ones are materialised first."""
     max_kernel_inputs: int = 12
     """At most this many distinct operand views per generated kernel."""
+    max_kernel_ops: int = 256
+    """At most this many arithmetic instructions per fused elementwise kernel: a longer chain is
+    split into several kernels, each storing its result for the next. NVRTC takes about 0.1 s
+    for a 256-op kernel, 0.4 s for 1,024 and 0.9 s for 2,048 ops, growing faster than the
+    length (benchmarks/RESULTS.md, "Planning time vs graph size"), and the emulator holds a few
+    full-size temporaries per kernel; a split costs one extra pass over memory per 256 ops of
+    arithmetic, noise for a kernel that long. Real chains (GELU, layernorm, a quantised
+    activation) are tens of ops and never split."""
+
+    def __post_init__(self) -> None:
+        for name in ("fuse_elementwise", "fuse_conv", "fused_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArgumentTypeError(
+                    f"PlanSettings: {name} must be a bool, found {getattr(self, name)!r}"
+                )
+        for name, low in (("max_recompute", 0), ("max_kernel_inputs", 1), ("max_kernel_ops", 1)):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int):
+                raise ArgumentTypeError(f"PlanSettings: {name} must be an int, found {val!r}")
+            if val < low:
+                raise ArgumentValueError(f"PlanSettings: {name} must be >= {low}, found {val}")
 
 
 @dataclass(slots=True)
@@ -92,17 +119,6 @@ class _Buf:
 
 def _expr_of(view: StridedView) -> st.Expr:
     return st.Expr(view.shape, (view,), (), Program((Load(0, view.dtype),), (0,)))
-
-
-def _map_expr(
-    e: st.Expr, shape: Sequence[int], f: Callable[[StridedView], StridedView | None]
-) -> st.Expr | None:
-    """Apply a view op to every leaf of a lazy value; None when some leaf cannot follow."""
-    ins = [f(v) for v in e.inputs]
-    idx = [f(v) for v in e.indices]
-    if any(v is None for v in ins) or any(v is None for v in idx):
-        return None
-    return st.Expr(tuple(shape), tuple(ins), tuple(idx), e.program)  # type: ignore[arg-type]
 
 
 def _combine(
@@ -192,6 +208,13 @@ def _compact(e: st.Expr) -> st.Expr:
     )
 
 
+def _human_bytes(n: int) -> str:
+    """1.5 TiB, 32 EiB: the size in the largest binary unit that keeps it >= 1."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+    k = min(max((n.bit_length() - 1) // 10, 0), len(units) - 1)
+    return f"{n / 1024**k:.3g} {units[k]}"
+
+
 def _scalar_const(e: st.Expr) -> Const | None:
     """The constant when the lazy value is one inlined scalar."""
     if len(e.program.instrs) == 1 and isinstance(e.program.instrs[0], Const):
@@ -255,8 +278,19 @@ class _Planner:
     def temp(self, shape: Sequence[int], dtype: DType, name: str) -> StridedView:
         shape = tuple(shape)
         return StridedView.dense(
-            self.new_buffer(BufferKind.TEMP, math.prod(shape) * dtype.size, name), shape, dtype
+            self.new_buffer(BufferKind.TEMP, self.nbytes(shape, dtype, name), name), shape, dtype
         )
+
+    def nbytes(self, shape: tuple[int, ...], dtype: DType, name: str) -> int:
+        """Bytes of a dense tensor; PlanError when no plan can address it."""
+        size = math.prod(shape) * dtype.size
+        if size >= MAX_BUFFER_BYTES:
+            raise PlanError(
+                f"{name} {dtype}[{','.join(map(str, shape))}]: {size:,} bytes "
+                f"({_human_bytes(size)}) is more than a plan can address (below 2^48 bytes = "
+                "256 TiB per tensor)"
+            )
+        return size
 
     def hidden_single_use(self, i: int) -> bool:
         return (
@@ -266,16 +300,16 @@ class _Planner:
         )
 
     # -- states --------------------------------------------------------------------------------
-    def expr(self, i: int) -> st.Expr:
+    def expr(self, i: int) -> Lazy:
         s = self.state[i]
         assert s is not None, f"value %{i} used before it was planned"
-        return _expr_of(s) if isinstance(s, StridedView) else s
+        return Lazy.of_view(s) if isinstance(s, StridedView) else s
 
     def mat(self, i: int) -> StridedView:
         """The value as a view of memory, materialising a lazy value (once)."""
         s = self.state[i]
         assert s is not None, f"value %{i} used before it was planned"
-        if isinstance(s, st.Expr):
+        if isinstance(s, Lazy):
             op = self.g[self.val(i)].op
             if isinstance(op, Broadcast) and math.prod(self.shape(op.x.index)) < math.prod(
                 self.shape(i)
@@ -283,7 +317,7 @@ class _Planner:
                 # store the small tensor and stretch it with zero strides, never the big one
                 s = self.mat(op.x.index).broadcast(self.shape(i))
             else:
-                s = self.materialize(s, self.name(i))
+                s = self.materialize(s.to_expr(), self.name(i))
             self.state[i] = s
         return s
 
@@ -341,30 +375,36 @@ class _Planner:
             )
         )
 
-    def settle(self, i: int, e: st.Expr) -> None:
+    def settle(self, i: int, e: Lazy) -> None:
         """Keep a freshly built lazy value lazy, or materialise it when fusing would recompute it
         (several users, or an output) or fusion is off."""
-        e = _compact(e)
-        cheap = e.program.cost == 0 and not e.inputs
+        cheap = e.cost == 0 and not e.loads
         if not cheap and (not self.s.fuse_elementwise or self.uses[i] > 1 or i in self.is_output):
-            self.state[i] = self.materialize(e, self.name(i))
+            self.state[i] = self.materialize(e.to_expr(), self.name(i))
         else:
             self.state[i] = e
 
-    def lazy_operands(self, ops: Sequence[int]) -> list[st.Expr]:
+    def lazy_operands(self, ops: Sequence[int]) -> list[Lazy]:
         """Operand expressions, materialising the largest ones while a kernel would read too
-        many views."""
+        many views or exceed `max_kernel_ops` instructions."""
         exprs = [self.expr(x) for x in ops]
-        while len({v for e in exprs for v in e.inputs}) > self.s.max_kernel_inputs:
-            k = max(range(len(exprs)), key=lambda j: len(exprs[j].inputs))
-            if len(exprs[k].inputs) <= 1:
+        sizes = [len(e.views()) for e in exprs]
+        while len(set().union(*(e.views() for e in exprs))) > self.s.max_kernel_inputs:
+            k = max(range(len(exprs)), key=lambda j: sizes[j])
+            if sizes[k] <= 1:
                 break
-            exprs[k] = _expr_of(self.mat(ops[k]))
+            exprs[k] = Lazy.of_view(self.mat(ops[k]))
+            sizes[k] = 1
+        while 1 + sum(e.cost for e in exprs) > self.s.max_kernel_ops:
+            k = max(range(len(exprs)), key=lambda j: exprs[j].cost)
+            if exprs[k].cost == 0:
+                break
+            exprs[k] = Lazy.of_view(self.mat(ops[k]))
         return exprs
 
     def row_input(self, i: int) -> st.Expr:
         """A row kernel's input: the lazy value as a prologue when it is cheap enough."""
-        e = self.expr(i)
+        e = self.expr(i).to_expr()
         if e.program.cost > self.s.max_recompute or len(e.inputs) > self.s.max_kernel_inputs:
             e = _expr_of(self.mat(i))
         return e
@@ -410,7 +450,7 @@ class _Planner:
         op = info.op
         match op:
             case Input():
-                size = math.prod(shape) * info.dtype.size
+                size = self.nbytes(shape, info.dtype, self.name(i))
                 self.state[i] = StridedView.dense(
                     self.new_buffer(BufferKind.INPUT, size, self.name(i)), shape, info.dtype
                 )
@@ -421,7 +461,12 @@ class _Planner:
             case Broadcast(x):
                 src = self.state[x.index]
                 grow = math.prod(shape) > math.prod(self.shape(x.index))
-                if isinstance(src, st.Expr) and grow and src.program.cost > self.s.max_recompute:
+                if (
+                    isinstance(src, Lazy)
+                    and grow
+                    and src.cost > self.s.max_recompute
+                    and src.to_expr().program.cost > self.s.max_recompute
+                ):
                     self.mat(x.index)
                 self.view_op(i, x.index, lambda v: v.broadcast(shape))
             case Permute(x, perm):
@@ -431,22 +476,16 @@ class _Planner:
                 self.view_op(i, x.index, lambda v: v.slice(axis, s0, step, shape[axis]))
             case Unary(x, u):
                 e = self.lazy_operands([x.index])
-                self.settle(i, _combine(e, shape, lambda pb, r: pb.add(Un(u, r[0], info.dtype))))
+                self.settle(i, combine(e, shape, Un(u, 0, info.dtype)))
             case Binary(a, b, bop):
                 e = self.lazy_operands([a.index, b.index])
-                self.settle(
-                    i, _combine(e, shape, lambda pb, r: pb.add(Bin(bop, r[0], r[1], info.dtype)))
-                )
+                self.settle(i, combine(e, shape, Bin(bop, 0, 0, info.dtype)))
             case Select(c, a, b):
                 e = self.lazy_operands([c.index, a.index, b.index])
-                self.settle(
-                    i, _combine(e, shape, lambda pb, r: pb.add(Sel(r[0], r[1], r[2], info.dtype)))
-                )
+                self.settle(i, combine(e, shape, Sel(0, 0, 0, info.dtype)))
             case Iota(axis):
                 strides = tuple(1 if k == axis else 0 for k in range(len(shape)))
-                idx = StridedView(0, shape, strides, DType.I64)
-                prog = Program((Index(0, info.dtype),), (0,))
-                self.settle(i, st.Expr(shape, (), (idx,), prog))
+                self.settle(i, Lazy.index(StridedView(0, shape, strides, DType.I64), info.dtype))
             case Gather(x, axis, indices):
                 self.visit_gather(i, x.index, axis, indices.index)
             case Concat(xs, axis):
@@ -494,8 +533,8 @@ class _Planner:
         shape = self.shape(i)
         src = self.state[x]
         assert src is not None, f"value %{x} used before it was planned"
-        if isinstance(src, st.Expr):
-            e = _map_expr(src, shape, f)
+        if isinstance(src, Lazy):
+            e = src.map(shape, f)
             if e is not None:
                 self.settle(i, e)
                 return
@@ -514,8 +553,7 @@ class _Planner:
             and (flat.size == 1 or bool(np.all(flat == flat[0])))
             and not np.isnan(flat[0]).any()
         ):
-            value = flat[0].item()
-            self.state[i] = st.Expr(arr.shape, (), (), Program((Const(value, info.dtype),), (0,)))
+            self.state[i] = Lazy.const(arr.shape, flat[0].item(), info.dtype)
             return
         off = self.new_buffer(BufferKind.CONST, arr.nbytes, self.name(i), arr)
         self.state[i] = StridedView.dense(off, arr.shape, info.dtype)
@@ -596,8 +634,8 @@ class _Planner:
             dest = out.slice(axis, pos, 1, n)
             pos += n
             s = self.state[x]
-            if isinstance(s, st.Expr):  # computed straight into its slot
-                self.materialize(s, self.name(x), dest)
+            if isinstance(s, Lazy):  # computed straight into its slot
+                self.materialize(s.to_expr(), self.name(x), dest)
             else:
                 assert s is not None
                 self.copy(s, dest)
@@ -693,7 +731,7 @@ class _Planner:
             return None
         xop = self.g[self.val(x)].op
         st_x = self.state[x]
-        if isinstance(st_x, st.Expr) and isinstance(xop, Broadcast) and self.uses[x] == 1:
+        if isinstance(st_x, Lazy) and isinstance(xop, Broadcast) and self.uses[x] == 1:
             y = xop.x.index  # materialise the small tensor, broadcast it for free
             if len(self.shape(y)) == 4:
                 return self.mat(y).broadcast(xs)

@@ -13,6 +13,7 @@ array([6., 6.], dtype=float32)
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, assert_never
 
@@ -54,7 +55,7 @@ from kn_graph.ops import (
 )
 from kn_graph.shape import BATCH, infer_symbols
 
-__all__ = ["bind_inputs", "evaluate", "inputs_in_order"]
+__all__ = ["available_bytes", "bind_inputs", "evaluate", "inputs_in_order"]
 
 Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
 
@@ -131,7 +132,7 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
             last_use[x] = i
     keep = {v.index for v in graph.outputs}
     env: list[np.ndarray | None] = [None] * len(infos)
-    budget = _available_bytes()
+    budget = available_bytes()
     for i, info in enumerate(infos):
         try:
             shape = info.shape.eval(bindings)
@@ -403,8 +404,9 @@ def _layernorm(a: np.ndarray, axis: int, eps: float) -> np.ndarray:
     return (d / np.sqrt(var + a.dtype.type(eps))).astype(a.dtype, copy=False)
 
 
-def _available_bytes() -> int:
-    """Memory this process may still allocate (MemAvailable; unbounded where unknown)."""
+def available_bytes() -> int:
+    """Memory this process may still allocate: MemAvailable from /proc/meminfo, else the free
+    physical pages (os.sysconf); unbounded where neither is known."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -412,7 +414,10 @@ def _available_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 2**62
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return 1 << 62
 
 
 def _reduce(op: ReduceOp, a: np.ndarray, axes: tuple[int, ...], dt: np.dtype) -> np.ndarray:

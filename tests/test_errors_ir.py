@@ -157,7 +157,7 @@ def test_batch_size_that_agrees_is_accepted(run):
 
 
 def test_negative_batch_size_is_refused_by_the_runtime():
-    with pytest.raises(ShapeMismatchError, match="batch size must be >= 0, found -1"):
+    with pytest.raises(ValueError, match="batch_size must be >= 0, found -1"):
         Device.cpu().prepare(two_input_graph(), -1)
 
 

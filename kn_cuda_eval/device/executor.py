@@ -110,6 +110,7 @@ class CudaExecutor:
 
     # -- construction ------------------------------------------------------------------------
     def _setup(self, p: Plan, device: int, sets: ExecutorSettings, api: DeviceApi | None) -> None:
+        p.validate_once()  # a broken plan is a PlanError here, never a wrong answer later
         self.plan = p
         self.settings = sets
         self.device = device

@@ -84,14 +84,30 @@ def test_validate_catches_views_outside_the_arena_and_in_place_writes() -> None:
 
 
 def test_emulator_notices_a_wrong_offset() -> None:
-    """The point of the emulator: a plan that reads the wrong bytes gives a wrong answer."""
+    """The point of the emulator: a plan that reads the wrong bytes gives a wrong answer, even
+    where validation cannot tell (here the relu reads a live constant instead of its input)."""
     p = plan(_mlp(), 2)
     x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
     good = emulate(p, [x])[0]
     s = p.steps[1]
-    shifted = dataclasses.replace(s, inputs=(s.inputs[0].with_offset(s.inputs[0].offset + 4),))
-    bad = emulate(_break(p, steps=(p.steps[0], shifted, *p.steps[2:])), [x])[0]
+    const = next(b for b in p.buffers if b.kind is BufferKind.CONST)
+    moved = dataclasses.replace(s, inputs=(s.inputs[0].with_offset(const.offset),))
+    bad = emulate(_break(p, steps=(p.steps[0], moved, *p.steps[2:])), [x])[0]
     assert not np.allclose(good, bad, equal_nan=True)
+
+
+def test_emulator_and_executor_refuse_a_plan_that_fails_validation() -> None:
+    from tests.cuda_eval.helpers import run_fake
+
+    p = plan(_mlp(), 2)
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    s = p.steps[1]  # read 4 bytes past the end of the relu's input buffer
+    shifted = dataclasses.replace(s, inputs=(s.inputs[0].with_offset(s.inputs[0].offset + 4),))
+    bad = _break(p, steps=(p.steps[0], shifted, *p.steps[2:]))
+    with pytest.raises(PlanError, match=r"step 1 \(elementwise .*in no buffer live"):
+        emulate(bad, [x])
+    with pytest.raises(PlanError, match="in no buffer live"):
+        run_fake(bad, [x])
 
 
 def test_packer_never_overlaps_and_stays_near_the_lower_bound() -> None:
