@@ -12,6 +12,7 @@ array([6., 6.], dtype=float32)
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -132,17 +133,21 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
             last_use[x] = i
     keep = {v.index for v in graph.outputs}
     env: list[np.ndarray | None] = [None] * len(infos)
-    budget = available_bytes()
+    budget = available_bytes()  # less what this evaluation holds (`held`, owned arrays only)
+    held = 0
+    owned = [0] * len(infos)
     for i, info in enumerate(infos):
         try:
             shape = info.shape.eval(bindings)
-            if not isinstance(info.op, _FREE_OPS):
-                need = math.prod(shape) * info.dtype.size
-                if need > budget:
-                    raise EvaluationError(
-                        f"needs {need / 2**30:.3g} GiB for this value, have "
-                        f"{budget / 2**30:.3g} GiB available"
-                    )
+            if isinstance(info.op, Iota):  # one arange along the axis, broadcast
+                need = (shape[info.op.axis] if 0 not in shape else 0) * info.dtype.size
+            else:
+                need = 0 if isinstance(info.op, _FREE_OPS) else math.prod(shape) * info.dtype.size
+            if need > budget - held:
+                raise EvaluationError(
+                    f"needs {need / 2**30:.3g} GiB for this value, have "
+                    f"{max(budget - held, 0) / 2**30:.3g} GiB available"
+                )
             result = _compute(info, shape, env, arrays, bindings)
         except (EvaluationError, ShapeMismatchError) as e:  # an op's own check, an unbound symbol
             raise type(e)(f"while computing {graph.format_value(graph.value(i))}: {e}") from e
@@ -158,9 +163,14 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
                 f"{list(result.shape)}, expected {info.dtype}{list(shape)}"
             )
         env[i] = result
+        if result.base is None:
+            owned[i] = result.nbytes
+            held += owned[i]
         for x in operands[i]:
-            if last_use[x] == i and x not in keep:
+            if last_use[x] == i and x not in keep and env[x] is not None:
                 env[x] = None
+                held -= owned[x]
+                owned[x] = 0
     return [
         np.array(env[v.index]) for v in graph.outputs
     ]  # writable copies, never views of constants
@@ -225,6 +235,8 @@ def _compute(
         case Select(c, a, b):
             return np.where(get(c), get(a), get(b))
         case Iota(axis):
+            if 0 in shape:
+                return np.empty(shape, dt)
             r = np.arange(shape[axis], dtype=dt).reshape(
                 [-1 if i == axis else 1 for i in range(len(shape))]
             )
@@ -406,18 +418,29 @@ def _layernorm(a: np.ndarray, axis: int, eps: float) -> np.ndarray:
 
 def available_bytes() -> int:
     """Memory this process may still allocate: MemAvailable from /proc/meminfo, else the free
-    physical pages (os.sysconf); unbounded where neither is known."""
+    physical pages (os.sysconf); unbounded where neither is known. An address-space limit
+    (`ulimit -v`, RLIMIT_AS) lowers it to what is left under the limit."""
+    avail = 1 << 62
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    avail = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
-        pass
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return 1 << 62
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            avail = min(avail, max(soft - used, 0))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return avail
 
 
 def _reduce(op: ReduceOp, a: np.ndarray, axes: tuple[int, ...], dt: np.dtype) -> np.ndarray:
@@ -449,6 +472,10 @@ def _reduce(op: ReduceOp, a: np.ndarray, axes: tuple[int, ...], dt: np.dtype) ->
                 return np.min(a, axis=axes, initial=_extreme(a.dtype, True))
             case ReduceOp.MAX:
                 return np.max(a, axis=axes, initial=_extreme(a.dtype, False))
+            case ReduceOp.ARGMIN | ReduceOp.ARGMAX if a.shape[axes[0]] == 0:
+                raise EvaluationError(
+                    f"{op.value} over axis {axes[0]}, which is empty (shape {list(a.shape)})"
+                )
             case ReduceOp.ARGMIN:
                 return np.argmin(a, axis=axes[0]).astype(np.int64)
             case ReduceOp.ARGMAX:

@@ -401,7 +401,7 @@ class Graph(NNBuilders):
             return self.cast(self.size_value(s, DType.I64), dtype)
         total: Value | None = None
         for mono, coef in s.terms:
-            term: Value | None = None if coef == 1 else self.scalar(coef, dtype)
+            term: Value | None = None if coef == 1 and mono else self.scalar(coef, dtype)
             for atom, exp in mono:
                 if isinstance(atom, str):
                     full = self.full(1, Shape.of(Size.sym(atom)), dtype)
@@ -691,6 +691,8 @@ class Graph(NNBuilders):
         out = [xi.shape[0], k_out]
         for i in range(nd):
             k = wi.shape[2 + i].as_int("conv: kernel size")
+            if k < 1:
+                raise GraphError(f"conv: filter {wi.shape} has an empty kernel axis")
             c = 2 * padding[i] - dilation[i] * (k - 1) - 1 + stride[i]
             o = (xi.shape[2 + i] + c) // stride[i]
             if o.bounds()[1] <= 0:

@@ -351,7 +351,10 @@ class NNBuilders:
         if kind == "max":
             return acc
         # divide by the number of counted positions of each window, computed here once
-        ones = np.zeros([p + n + a + e for (p, a), n, e in zip(pads, sizes, extra, strict=True)])
+        padded_sizes = [p + n + a + e for (p, a), n, e in zip(pads, sizes, extra, strict=True)]
+        if math.prod(padded_sizes) > 1 << 26:
+            raise GraphError(f"avg pool: padded input {padded_sizes} too large for a count table")
+        ones = np.zeros(padded_sizes)
         lo = [0 if count_include_pad else p for p, _ in pads]
         hi = [
             p + n + (a if count_include_pad else 0) for (p, a), n in zip(pads, sizes, strict=True)

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from kn_graph import DType, Graph, ReduceOp, Shape, Size
+from kn_graph import DType, Graph, ReduceOp, Shape, Size, UnaryOp
 from kn_graph.cpu import evaluate
 from kn_graph.errors import (
     ArgumentTypeError,
@@ -228,3 +228,30 @@ def test_kn_svg_bad_invocations_print_one_line_and_exit_2(tmp_path: Path, capsys
         assert len(err.splitlines()) == 1 and err.startswith("kn-svg: error:"), (args, err)
     assert main([model, str(tmp_path / "g.dot"), "--batch", "2"]) == 0
     assert "[2,3,64,64]" in (tmp_path / "g.dot").read_text()
+
+
+def test_an_empty_iota_allocates_nothing_and_an_empty_argmax_is_our_error() -> None:
+    g = Graph()
+    n = Size.sym("n")
+    x = g.input(Shape.of(2, n), DType.F32, "x")
+    g.add_output(g.iota(Shape.of(0, 2**40), 1))  # 8 TiB of arange if it were built
+    g.add_output(g.reduce(x, [1], ReduceOp.ARGMAX))
+    with pytest.raises(EvaluationError, match=r"argmax over axis 1, which is empty"):
+        evaluate(g, [np.zeros((2, 0), np.float32)])
+    iota, arg = evaluate(g, [np.zeros((2, 3), np.float32)])
+    assert iota.shape == (0, 2**40) and list(arg) == [0, 0]
+
+
+def test_the_memory_check_counts_what_the_evaluation_already_holds(monkeypatch) -> None:
+    import kn_graph.cpu as cpu
+
+    monkeypatch.setattr(cpu, "available_bytes", lambda: 3 * 4 * 1024)  # three 1k-float values
+    g = Graph()
+    x = g.input(Shape.of(1024), DType.F32, "x")
+    a, b = g.exp(x), g.unary(UnaryOp.SIN, x)
+    g.add_output(g.add(a, b))  # a, b and a + b live at once: 12 KiB
+    evaluate(g, [np.zeros(1024, np.float32)])
+    g.add_output(a)
+    g.add_output(g.unary(UnaryOp.COS, b))  # a kept as an output: four at once
+    with pytest.raises(EvaluationError, match=r"needs .* GiB for this value"):
+        evaluate(g, [np.zeros(1024, np.float32)])

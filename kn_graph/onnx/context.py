@@ -31,7 +31,23 @@ from kn_graph.shape import Shape, Size
 if TYPE_CHECKING:
     from kn_graph.onnx.loader import Loader
 
-__all__ = ["HANDLERS", "Known", "NodeContext", "Result", "onnx_dtype", "onnx_op"]
+__all__ = [
+    "HANDLERS",
+    "MAX_RANK",
+    "MAX_UNROLL",
+    "Known",
+    "NodeContext",
+    "Result",
+    "onnx_dtype",
+    "onnx_op",
+]
+
+MAX_RANK = 32
+"""The highest rank a loaded value may have (NumPy 1.x's limit; ONNX models stay far below)."""
+
+MAX_UNROLL = 1 << 14
+"""The most steps a handler unrolls into the graph (RNN and linear-attention time steps): a
+declared length of 2^31 is refused instead of building for hours."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -247,7 +263,10 @@ class NodeContext:
         r = self.raw_input(i)
         if isinstance(r, Known):
             return r.sizes()
-        return [Size(int(x)) for x in self.input_static(i, what).reshape(-1)]
+        arr = np.asarray(self.input_static(i, what))
+        if arr.dtype.kind not in "iu":
+            self.unsupported(f"{what} (input {i}) must be integers, found {arr.dtype}")
+        return [Size(int(x)) for x in arr.reshape(-1)]
 
     def input_shape(self, i: int) -> Shape:
         r = self.raw_input(i)
@@ -307,6 +326,15 @@ class NodeContext:
                 self.unsupported(f"attribute '{name}' is required")
             return default
         return int(a.i)
+
+    def attr_bool(self, name: str, default: bool) -> bool:
+        """A flag attribute (an INT that ONNX allows to be 0 or 1 only). Other values are
+        refused: onnxruntime reads 2 as true in some ops, as false in others, and refuses it in
+        yet others, so no reading of it is the model's intent."""
+        v = self.attr_int(name, int(default))
+        if v not in (0, 1):
+            self.unsupported(f"attribute '{name}' is a flag and must be 0 or 1, found {v}")
+        return bool(v)
 
     def attr_float(self, name: str, default: float | None = None) -> float:
         a = self._attr(name, onnx.AttributeProto.FLOAT)

@@ -4,6 +4,7 @@ data included), and run one registered handler per node."""
 from __future__ import annotations
 
 import ast
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,6 +16,8 @@ from onnx import numpy_helper
 
 from kn_graph.dtype import DType
 from kn_graph.errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
     FixedSizeRequiredError,
     GraphError,
     OnnxImportError,
@@ -23,7 +26,7 @@ from kn_graph.errors import (
     UnsupportedOnnxError,
 )
 from kn_graph.graph import Graph
-from kn_graph.onnx.context import HANDLERS, Known, NodeContext, Result, onnx_dtype
+from kn_graph.onnx.context import HANDLERS, MAX_RANK, Known, NodeContext, Result, onnx_dtype
 from kn_graph.ops import Constant, Tensor, Value
 from kn_graph.shape import BATCH, Shape, Size, SizeLike
 
@@ -73,13 +76,12 @@ def load_onnx(
       or with `static=True` a `StaticInputRequiredError` naming the input;
     - external data is read relative to `base_dir` (default: the model's folder) and may not
       leave it.
-    Raises `OnnxImportError` for unreadable models and `UnsupportedOnnxError` for what the IR
-    cannot express.
+    Raises `ArgumentTypeError`/`ArgumentValueError` for misused arguments, `OnnxImportError`
+    for unreadable or invalid models and `UnsupportedOnnxError` for what the IR cannot express.
     """
-    model, folder = _read_model(source, base_dir)
-    options = _Options(
-        set(batch_axes), dict(dims or {}), dict(input_shapes or {}), dict(input_values or {})
-    )
+    options = _check_arguments(batch_axes, dims, input_shapes, input_values, base_dir, static)
+    model, folder = _read_model(_check_source(source), base_dir)
+    _check_model(model, options)
     try:
         return _load(model, folder, options)
     except StaticInputRequiredError as e:
@@ -106,6 +108,140 @@ class _Options:
         self.dims = dims
         self.input_shapes = input_shapes
         self.input_values = input_values
+
+
+def _check_source(source: object) -> Source:
+    """The model argument: a ModelProto, bytes, or a path without NUL bytes."""
+    if isinstance(source, onnx.ModelProto | bytes | bytearray | memoryview):
+        return source  # type: ignore[return-value]
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        text = os.fsdecode(path)
+        if "\0" in text:
+            raise ArgumentValueError(f"load_onnx: source: the path {text!r} contains a NUL byte")
+        return text
+    raise ArgumentTypeError(
+        "load_onnx: source: expected a path, bytes or an onnx.ModelProto, "
+        f"found {type(source).__name__}"
+    )
+
+
+def _check_arguments(
+    batch_axes: object,
+    dims: object,
+    input_shapes: object,
+    input_values: object,
+    base_dir: object,
+    static: object,
+) -> _Options:
+    """Validate load_onnx's keyword arguments up front, naming the argument that is wrong."""
+    if isinstance(batch_axes, str | bytes) or not isinstance(batch_axes, Iterable):
+        raise ArgumentTypeError(
+            "load_onnx: batch_axes: expected a collection of dim names (e.g. ['batch']), "
+            f"found {type(batch_axes).__name__} {batch_axes!r}"
+        )
+    axes = list(batch_axes)
+    for a in axes:
+        if not isinstance(a, str):
+            raise ArgumentTypeError(
+                f"load_onnx: batch_axes: expected dim names (str), found {type(a).__name__} {a!r}"
+            )
+    pinned: dict[str, int] = {}
+    for k, v in _mapping(dims, "dims").items():
+        pinned[k] = _check_dim(v, f"dims['{k}']")
+    shapes: dict[str, Sequence[SizeLike]] = {}
+    for k, v in _mapping(input_shapes, "input_shapes").items():
+        if isinstance(v, str | bytes) or not isinstance(v, Sequence | np.ndarray):
+            raise ArgumentTypeError(
+                f"load_onnx: input_shapes['{k}']: expected a sequence of sizes, "
+                f"found {type(v).__name__} {v!r}"
+            )
+        shapes[k] = [
+            d if isinstance(d, Size) and not d.is_fixed else _check_dim(d, f"input_shapes['{k}']")
+            for d in v
+        ]
+    values: dict[str, np.ndarray] = {}
+    for k, v in _mapping(input_values, "input_values").items():
+        if not isinstance(v, np.ndarray | np.generic):
+            raise ArgumentTypeError(
+                f"load_onnx: input_values['{k}']: expected a NumPy array, found {type(v).__name__}"
+            )
+        values[k] = np.asarray(v)
+    if base_dir is not None:
+        if not isinstance(base_dir, str | os.PathLike):
+            raise ArgumentTypeError(
+                f"load_onnx: base_dir: expected a folder path, found {type(base_dir).__name__}"
+            )
+        if "\0" in os.fsdecode(os.fspath(base_dir)):
+            raise ArgumentValueError(f"load_onnx: base_dir: the path {base_dir!r} contains a NUL")
+    if not isinstance(static, bool):
+        raise ArgumentTypeError(f"load_onnx: static: expected a bool, found {static!r}")
+    return _Options(set(axes), pinned, shapes, values)
+
+
+def _mapping(arg: object, name: str) -> dict[str, object]:
+    """An optional name → value argument as a dict; the keys must be strings."""
+    if arg is None:
+        return {}
+    if not isinstance(arg, Mapping):
+        raise ArgumentTypeError(
+            f"load_onnx: {name}: expected a dict of names, found {type(arg).__name__} {arg!r}"
+        )
+    for k in arg:
+        if not isinstance(k, str):
+            raise ArgumentTypeError(
+                f"load_onnx: {name}: expected names (str) as keys, found {type(k).__name__} {k!r}"
+            )
+    return dict(arg)
+
+
+def _check_dim(d: object, where: str) -> int:
+    """A size given by the caller: an int (or a fixed Size) >= 0."""
+    if isinstance(d, Size) and d.is_fixed:
+        d = d.as_int()
+    if isinstance(d, bool) or not isinstance(d, int | np.integer):
+        raise ArgumentTypeError(f"load_onnx: {where}: expected an int size, found {d!r}")
+    if d < 0:
+        raise ArgumentValueError(f"load_onnx: {where}: expected a size >= 0, found {d}")
+    return int(d)
+
+
+def _check_model(model: onnx.ModelProto, options: _Options) -> None:
+    """What ONNX (and onnxruntime) refuse before any node is read: no opset import, a name
+    defined twice, arguments naming inputs the model does not have."""
+    if not model.opset_import:
+        raise OnnxImportError(
+            "the model imports no opset (ONNX requires an opset_import for the default domain)"
+        )
+    g = model.graph
+    inputs = [i.name for i in g.input]
+    seen: set[str] = set()
+    for name in inputs:
+        if name in seen:
+            raise OnnxImportError(f"graph input '{name}' is declared twice")
+        seen.add(name)
+    seen.update(t.name for t in g.initializer)
+    for i, node in enumerate(g.node):
+        for name in node.output:
+            if not name:
+                continue
+            if name in seen:
+                where = f"node '{node.name or f'{node.op_type}#{i}'}' ({node.op_type})"
+                raise OnnxImportError(
+                    f"{where} writes '{name}', which is already defined (a graph input, an "
+                    "initializer or another node's output): every value name must be defined once"
+                )
+            seen.add(name)
+    for arg, given in (
+        ("input_shapes", options.input_shapes),
+        ("input_values", options.input_values),
+    ):
+        unknown = sorted(set(given) - set(inputs))
+        if unknown:
+            raise ArgumentValueError(
+                f"load_onnx: {arg} names {unknown}, which are not graph inputs (the inputs are "
+                f"{inputs})"
+            )
 
 
 def _load(model: onnx.ModelProto, folder: Path | None, options: _Options) -> Graph:
@@ -283,6 +419,8 @@ class Loader:
         self.opsets: dict[str, int] = {}
         for o in model.opset_import:
             self.opsets[o.domain or "ai.onnx"] = int(o.version)
+        # onnxruntime reads a model that imports other domains only at the newest default opset
+        self.opsets.setdefault("ai.onnx", onnx.defs.onnx_opset_version())
 
     # -- entry --------------------------------------------------------------------------------
     def run(self) -> Graph:
@@ -303,11 +441,6 @@ class Loader:
             if inp.name in self.env:
                 continue  # old-style: an initializer listed as an input is a constant
             self.add_input(inp)
-        unknown = set(self.input_values) - {i.name for i in g.input}
-        if unknown:
-            raise OnnxImportError(
-                f"input_values names {sorted(unknown)}, which are not graph inputs"
-            )
         self.run_nodes(g.node)
         if not g.output:
             raise OnnxImportError("the model has no outputs")
@@ -335,7 +468,11 @@ class Loader:
 
     # -- inputs and initializers ----------------------------------------------------------------
     def add_initializers(self, tensors: Iterable[onnx.TensorProto]) -> None:
-        for t in tensors:
+        tensors = list(tensors)
+        last = {t.name: i for i, t in enumerate(tensors)}
+        for i, t in enumerate(tensors):
+            if last[t.name] != i:
+                continue  # a name given twice: the last one counts, as in onnxruntime
             arr = self.arrays.get(t.name) if t.name else None
             if arr is None:
                 try:
@@ -363,27 +500,29 @@ class Loader:
         return self.graph.constant(arr)
 
     def tensor_to_array(self, t: onnx.TensorProto, where: str) -> np.ndarray:
+        dims = tuple(int(d) for d in t.dims)
+        if any(d < 0 for d in dims):
+            raise OnnxImportError(f"{where}: negative dims {list(dims)}")
+        count = math.prod(dims)
         if t.data_type == onnx.TensorProto.BFLOAT16:
-            raw = self._tensor_bytes(t, where)
+            raw = self._tensor_bytes(t, where, count * 2, f"bfloat16{list(dims)}")
             if raw is not None:
                 u16 = np.frombuffer(raw, dtype="<u2")
             else:
+                if len(t.int32_data) != count:
+                    raise OnnxImportError(
+                        f"{where}: holds {len(t.int32_data)} values, expected {count} for "
+                        f"bfloat16{list(dims)}"
+                    )
                 u16 = np.asarray(t.int32_data, dtype=np.uint32).astype(np.uint16)
-            return (u16.astype(np.uint32) << 16).view(np.float32).reshape(tuple(t.dims))
+            return (u16.astype(np.uint32) << 16).view(np.float32).reshape(dims)
         dt = onnx_dtype(t.data_type, where)
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            raw = self._tensor_bytes(t, where)
-            assert raw is not None
-            count = int(np.prod(t.dims, dtype=np.int64))
-            if len(raw) != count * dt.size:
-                raise OnnxImportError(
-                    f"{where}: external data holds {len(raw)} bytes, expected {count * dt.size} "
-                    f"for {dt}{list(t.dims)}"
-                )
+        raw = self._tensor_bytes(t, where, count * dt.size, f"{dt}{list(dims)}")
+        if raw is not None:
             return (
                 np.frombuffer(raw, dtype=dt.np.newbyteorder("<"))
                 .astype(dt.np, copy=False)
-                .reshape(tuple(t.dims))
+                .reshape(dims)
             )
         try:
             arr = numpy_helper.to_array(t)
@@ -391,13 +530,26 @@ class Loader:
             raise OnnxImportError(f"{where}: cannot decode tensor data ({e})") from None
         return arr.astype(dt.np, copy=False)
 
-    def _tensor_bytes(self, t: onnx.TensorProto, where: str) -> bytes | None:
+    def _tensor_bytes(
+        self, t: onnx.TensorProto, where: str, expected: int, what: str
+    ) -> bytes | None:
+        """The tensor's bytes (raw or external), checked to be `expected` long before reading;
+        None when the values are in the typed fields."""
         if t.data_location != onnx.TensorProto.EXTERNAL:
-            return t.raw_data if t.HasField("raw_data") else None
+            if not t.HasField("raw_data"):
+                return None
+            if len(t.raw_data) != expected:
+                raise OnnxImportError(
+                    f"{where}: raw data holds {len(t.raw_data)} bytes, expected {expected} for "
+                    f"{what} (is the data type right?)"
+                )
+            return t.raw_data
         info = {e.key: e.value for e in t.external_data}
         loc = info.get("location")
         if not loc:
             raise OnnxImportError(f"{where}: external data without a location")
+        if "\0" in loc:
+            raise OnnxImportError(f"{where}: external data location {loc!r} contains a NUL byte")
         if self.folder is None:
             raise OnnxImportError(
                 f"{where}: external data '{loc}' but the model was given as bytes; pass base_dir="
@@ -410,15 +562,38 @@ class Loader:
             )
         try:
             offset = int(info.get("offset", 0))
-            length = int(info["length"]) if "length" in info else -1
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(length) if length >= 0 else f.read()
-        except (OSError, ValueError) as e:
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
             raise OnnxImportError(
-                f"{where}: cannot read external data file '{path}': {e}"
+                f"{where}: external data offset/length must be integers, found "
+                f"{info.get('offset')!r}/{info.get('length')!r}"
             ) from None
-        if length >= 0 and len(data) != length:
+        if offset < 0 or (length is not None and length < 0):
+            raise OnnxImportError(
+                f"{where}: external data offset {offset} and length {length} must be >= 0"
+            )
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if offset + (length or 0) > size:
+                    raise OnnxImportError(
+                        f"{where}: external data file '{path}' holds {size} bytes, but the "
+                        f"tensor is at offset {offset} with length {length} (beyond its end)"
+                    )
+                if length is None:
+                    length = size - offset
+                if length != expected:
+                    raise OnnxImportError(
+                        f"{where}: external data holds {length} bytes, expected {expected} for "
+                        f"{what}"
+                    )
+                f.seek(offset)
+                data = f.read(length)
+        except OSError as e:
+            raise OnnxImportError(
+                f"{where}: cannot read external data file '{path}': {e.strerror or e}"
+            ) from None
+        if len(data) != length:
             raise OnnxImportError(
                 f"{where}: external data file '{path}' is truncated ({len(data)} of {length} bytes)"
             )
@@ -456,6 +631,8 @@ class Loader:
                     dims.append(self.dim_param_size(_fresh_symbol(name, axis)))
             shape = Shape(tuple(dims))
         shape = shape.subs(self.subs)
+        if shape.rank > MAX_RANK:
+            raise UnsupportedOnnxError(where, "", f"rank {shape.rank} is more than {MAX_RANK}")
         for d in shape:
             for s in sorted(d.symbols):
                 if s not in self.symbol_order:
@@ -543,6 +720,9 @@ class Loader:
                 ctx.unsupported(f"output {i} ('{name}') is not supported")
             r = results[i]
             assert r is not None
+            rank = len(r.shape) if isinstance(r, Known) else self.graph[r].rank
+            if rank > MAX_RANK:
+                ctx.unsupported(f"output {i} ('{name}') has rank {rank}, more than {MAX_RANK}")
             if isinstance(r, Value):
                 self.graph.set_debug_name(r, name)
             self.env[name] = r

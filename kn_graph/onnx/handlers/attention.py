@@ -48,6 +48,8 @@ def _settings(ctx: NodeContext, q: Value) -> Settings:
     g = ctx.graph
     dtype = g.dtype(q)
     d = g.shape(q)[3].as_int("Attention head size")
+    if d < 1:
+        ctx.unsupported(f"the head size of Q {g.shape(q)} is 0")
     scale = (
         ctx.attr_float("scale", 1.0 / math.sqrt(d)) if ctx.has_attr("scale") else 1.0 / math.sqrt(d)
     )
@@ -73,7 +75,7 @@ def _settings(ctx: NodeContext, q: Value) -> Settings:
 
 
 def _restrictions(ctx: NodeContext, past: Size, m: Size) -> Restrictions:
-    causal = bool(ctx.attr_int("is_causal", 0))
+    causal = ctx.attr_bool("is_causal", False)
     left = ctx.attr_int("left_window_size", -1)
     right = ctx.attr_int("right_window_size", -1)
     if left < -1 or right < -1:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kn_graph.onnx.context import NodeContext, Result, onnx_op
+from kn_graph.onnx.handlers.shape import static_ints
 from kn_graph.onnx.handlers.spatial import Window, kernel_attr, read_window, split_pads
 from kn_graph.ops import Value
 from kn_graph.shape import Shape, Size
@@ -210,8 +211,8 @@ def col2im(ctx: NodeContext) -> Result:
     puts each of the K = prod(block_shape) input channels of a group at its kernel position."""
     g = ctx.graph
     x = ctx.input(0)
-    image = [int(v) for v in np.asarray(ctx.input_static(1, "image_shape")).reshape(-1)]
-    block = [int(v) for v in np.asarray(ctx.input_static(2, "block_shape")).reshape(-1)]
+    image = static_ints(ctx, 1, "image_shape")
+    block = static_ints(ctx, 2, "block_shape")
     nd = len(image)
     xs = g.shape(x)
     k = math.prod(block) if block else 0
@@ -223,6 +224,9 @@ def col2im(ctx: NodeContext) -> Result:
         or not Size(k).divides(xs[1])
     ):
         ctx.unsupported(f"input {xs}, image_shape {image}, block_shape {block}")
+    columns = xs[1].fixed_value()
+    if columns is not None and columns * k > 1 << 24:  # the one-hot filter is [columns, 1, *block]
+        ctx.unsupported(f"a Col2Im filter of {columns} x {k} entries is too large")
     strides = tuple(ctx.attr_ints("strides", [1] * nd) or ())
     dilations = tuple(ctx.attr_ints("dilations", [1] * nd) or ())
     pads = split_pads(ctx, ctx.attr_ints("pads", [0] * (2 * nd)) or [], nd)

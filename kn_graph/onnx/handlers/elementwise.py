@@ -212,7 +212,7 @@ def _operands(ctx: NodeContext) -> tuple[Value, Value]:
     if ctx.opset >= 7:
         return a, b
     ctx.ignore_attrs("consumed_inputs")
-    if not ctx.attr_int("broadcast", 0) or not ctx.has_attr("axis"):
+    if not ctx.attr_bool("broadcast", False) or not ctx.has_attr("axis"):
         return a, b
     g = ctx.graph
     ra, sb = g[a].rank, g.shape(b)
@@ -244,7 +244,7 @@ def binary(ctx: NodeContext) -> Result:
 @onnx_op("Mod")
 def mod(ctx: NodeContext) -> Result:
     """fmod=1 is C fmod (sign of the dividend); fmod=0 takes the sign of the divisor."""
-    return _binary(ctx, BinaryOp.FMOD if ctx.attr_int("fmod", 0) else BinaryOp.MOD)
+    return _binary(ctx, BinaryOp.FMOD if ctx.attr_bool("fmod", False) else BinaryOp.MOD)
 
 
 @onnx_op("Pow")
@@ -467,7 +467,9 @@ def is_nan(ctx: NodeContext) -> Result:
 def is_inf(ctx: NodeContext) -> Result:
     g, x = ctx.graph, ctx.input(0)
     signs = [
-        s for s, attr in ((1, "detect_positive"), (-1, "detect_negative")) if ctx.attr_int(attr, 1)
+        s
+        for s, attr in ((1, "detect_positive"), (-1, "detect_negative"))
+        if ctx.attr_bool(attr, True)
     ]
     if not signs or not g.dtype(x).is_float:
         return g.full(False, g.shape(x), DType.BOOL)

@@ -16,6 +16,7 @@ import numpy as np
 
 from kn_graph.dtype import DType
 from kn_graph.onnx.context import NodeContext, Result, onnx_op
+from kn_graph.onnx.handlers.shape import static_ints
 from kn_graph.ops import BinaryOp, UnaryOp, Value
 from kn_graph.shape import Shape, Size
 
@@ -47,8 +48,8 @@ def affine_grid(ctx: NodeContext) -> Result:
     """grid[n, *pos] = theta[n] @ (x, y[, z], 1): x runs along the last spatial axis."""
     g = ctx.graph
     theta = ctx.input(0)
-    size = [int(v) for v in np.asarray(ctx.input_static(1, "size")).reshape(-1)]
-    align = bool(ctx.attr_int("align_corners", 0))
+    size = static_ints(ctx, 1, "size")
+    align = ctx.attr_bool("align_corners", False)
     nd = len(size) - 2
     ts = g.shape(theta)
     if (
@@ -206,7 +207,7 @@ def grid_sample(ctx: NodeContext) -> Result:
         )
     mode = _MODES.get(ctx.attr_str("mode", "linear" if ctx.opset >= 20 else "bilinear"))
     padding = ctx.attr_str("padding_mode", "zeros")
-    align = bool(ctx.attr_int("align_corners", 0))
+    align = ctx.attr_bool("align_corners", False)
     if mode is None or padding not in ("zeros", "border", "reflection"):
         ctx.unsupported(f"mode '{ctx.attr_str('mode', '')}' / padding_mode '{padding}'")
     if mode == "cubic" and padding == "border":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from kn_graph.dtype import DType
-from kn_graph.onnx.context import NodeContext, Result, onnx_op
+from kn_graph.onnx.context import MAX_UNROLL, NodeContext, Result, onnx_op
 from kn_graph.ops import Value
 from kn_graph.shape import Shape, Size
 
@@ -60,6 +60,8 @@ def linear_attention(ctx: NodeContext) -> list[Result | None]:
     b, _, steps, dk = g.shape(q)
     dv = g.shape(v)[3]
     steps_n = steps.as_int("LinearAttention sequence length")
+    if steps_n > MAX_UNROLL:
+        ctx.unsupported(f"a sequence of {steps_n} steps (supported: up to {MAX_UNROLL})")
     group = hq // hkv
     scale = ctx.attr_float("scale", 0.0) or 1.0 / math.sqrt(dk.as_int("LinearAttention head size"))
     decay = _decay(ctx, hkv, dk) if gating else None

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from kn_graph.dtype import DType
 from kn_graph.onnx.context import NodeContext, Result, onnx_op
 from kn_graph.ops import BinaryOp, ReduceOp, Value
-from kn_graph.shape import Shape
+from kn_graph.shape import Shape, Size
 
 __all__ = ["gemm", "hardmax", "log_softmax", "matmul", "softmax"]
 
@@ -25,9 +25,9 @@ def gemm(ctx: NodeContext) -> Result:
     a, b = ctx.input(0), ctx.input(1)
     if g[a].rank != 2 or g[b].rank != 2:
         ctx.unsupported(f"A and B must be matrices, found {g.shape(a)} and {g.shape(b)}")
-    if ctx.attr_int("transA", 0):
+    if ctx.attr_bool("transA", False):
         a = g.transpose(a)
-    if ctx.attr_int("transB", 0):
+    if ctx.attr_bool("transB", False):
         b = g.transpose(b)
     if ctx.opset < 7:
         ctx.ignore_attrs("broadcast")  # opset 6 broadcasting is a subset of NumPy's
@@ -93,6 +93,8 @@ def hardmax(ctx: NodeContext) -> Result:
     dtype = ctx.input_dtype(0)
 
     def f(x: Value, axis: int) -> Value:
+        if g.shape(x)[axis] == Size(0):  # no maximum to mark: the empty result
+            return g.full(0, g.shape(x), dtype)
         arg = g.reduce(x, [axis], ReduceOp.ARGMAX, keepdims=True)
         hit = g.binary(BinaryOp.EQ, g.iota(g.shape(x), axis, DType.I64), arg)
         return g.cast(hit, dtype)

@@ -13,6 +13,7 @@ from kn_graph.ops import BinaryOp, ReduceOp, UnaryOp, Value
 from kn_graph.shape import Shape, Size
 
 __all__ = [
+    "MAX_LRN_SIZE",
     "batch_norm",
     "group_norm",
     "instance_norm",
@@ -22,6 +23,9 @@ __all__ = [
     "mean_variance_norm",
     "rms_norm",
 ]
+
+MAX_LRN_SIZE = 4096
+"""The widest LRN window (models use 3 to 5 channels)."""
 
 
 def _float_input(ctx: NodeContext, i: int = 0) -> Value:
@@ -56,12 +60,12 @@ def _same_shape(ctx: NodeContext, y: Value, x: Value, what: str) -> Value:
 def batch_norm(ctx: NodeContext) -> list[Result | None]:
     """Inference form: (x - mean) / sqrt(var + eps) * scale + bias, per channel."""
     g = ctx.graph
-    if ctx.attr_int("training_mode", 0):
+    if ctx.attr_bool("training_mode", False):
         ctx.unsupported("training_mode=1 (batch statistics and running-mean updates)")
-    if ctx.opset < 7 and not ctx.attr_int("is_test", 0):
+    if ctx.opset < 7 and not ctx.attr_bool("is_test", False):
         ctx.unsupported("is_test=0 (training)")
     ctx.ignore_attrs("momentum", "consumed_inputs")
-    spatial = ctx.attr_int("spatial", 1) if ctx.opset < 9 else 1
+    spatial = ctx.attr_bool("spatial", True) if ctx.opset < 9 else 1
     eps = ctx.attr_float("epsilon", 1e-5)
     x = _float_input(ctx)
     rank = g[x].rank
@@ -182,8 +186,8 @@ def lrn(ctx: NodeContext) -> Result:
     alpha = ctx.attr_float("alpha", 1e-4)
     beta = ctx.attr_float("beta", 0.75)
     bias = ctx.attr_float("bias", 1.0)
-    if size < 1:
-        ctx.unsupported(f"size {size}")
+    if not 1 <= size <= MAX_LRN_SIZE:  # the window is unrolled, one slice per channel offset
+        ctx.unsupported(f"size {size} (supported: 1 to {MAX_LRN_SIZE})")
     before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
     sq = g.mul(x, x)
     padded = g.pad(sq, [(0, 0), (before, after)] + [(0, 0)] * (g[x].rank - 2))

@@ -7,6 +7,7 @@ what the ONNX reference counts.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -19,12 +20,18 @@ from kn_graph.shape import Shape
 __all__ = ["average_pool", "global_lp_pool", "global_pool", "lp_pool", "max_pool"]
 
 
+MAX_WINDOW = 1 << 16
+"""Positions of the largest pooling window: the builder unrolls one slice per position."""
+
+
 def _window(ctx: NodeContext, x: Value) -> Window:
     shape = ctx.graph.shape(x)
     if shape.rank < 3:
         ctx.unsupported(f"expected an input [N,C,*spatial], found {shape}")
     kernel = kernel_attr(ctx, shape.rank - 2, required=True)
     assert kernel is not None
+    if math.prod(kernel) > MAX_WINDOW:
+        ctx.unsupported(f"kernel {list(kernel)} has more than {MAX_WINDOW} positions")
     return read_window(
         ctx, shape.dims[2:], kernel, allow_dilations=ctx.op_type != "AveragePool" or ctx.opset >= 19
     )
@@ -33,7 +40,7 @@ def _window(ctx: NodeContext, x: Value) -> Window:
 def _pool(ctx: NodeContext, kind: Literal["max", "avg"], count_include_pad: bool) -> Value:
     x = ctx.input(0)
     win = _window(ctx, x)
-    ceil_mode = bool(ctx.attr_int("ceil_mode", 0))
+    ceil_mode = ctx.attr_bool("ceil_mode", False)
     return ctx.graph.pool(
         x, kind, win.kernel, win.strides, win.pads, win.dilations, ceil_mode, count_include_pad
     )
@@ -42,7 +49,7 @@ def _pool(ctx: NodeContext, kind: Literal["max", "avg"], count_include_pad: bool
 @onnx_op("MaxPool")
 def max_pool(ctx: NodeContext) -> list[Result | None]:
     """The optional Indices output is not produced (the loader refuses a node that uses it)."""
-    ctx.attr_int("storage_order", 0)  # only affects Indices
+    ctx.attr_bool("storage_order", False)  # only affects Indices
     return [_pool(ctx, "max", False), None]
 
 
@@ -50,7 +57,7 @@ def max_pool(ctx: NodeContext) -> list[Result | None]:
 def average_pool(ctx: NodeContext) -> Result:
     if not ctx.input_dtype(0).is_float:
         ctx.unsupported(f"expected a float input, found {ctx.input_dtype(0)}")
-    return _pool(ctx, "avg", bool(ctx.attr_int("count_include_pad", 0)))
+    return _pool(ctx, "avg", ctx.attr_bool("count_include_pad", False))
 
 
 @onnx_op("GlobalAveragePool", "GlobalMaxPool")
@@ -91,9 +98,11 @@ def lp_pool(ctx: NodeContext) -> Result:
         ctx.unsupported(f"expected a float input, found {g.dtype(x)}")
     p = ctx.attr_int("p", 2)
     win = _window(ctx, x)
-    ceil_mode = bool(ctx.attr_int("ceil_mode", 0))
+    ceil_mode = ctx.attr_bool("ceil_mode", False)
     shape = g.shape(x)
     c = shape[1].as_int("LpPool channels")
+    if c * math.prod(win.kernel) > 1 << 24:  # the filter of ones is a constant
+        ctx.unsupported(f"a filter of {c} channels x kernel {list(win.kernel)} is too large")
     pads = list(win.pads)
     if ceil_mode:
         pads = _ceil_pads(ctx, shape, win)

@@ -19,7 +19,9 @@ from kn_graph.errors import GraphError
 from kn_graph.graph import Graph
 from kn_graph.onnx.context import Known, NodeContext, Result, onnx_op
 from kn_graph.onnx.handlers.elementwise import Undecidable, known_binary
+from kn_graph.onnx.handlers.shape import axis_of, static_ints
 from kn_graph.ops import BinaryOp, ReduceOp, UnaryOp, Value
+from kn_graph.shape import Size
 
 Map = Callable[[Graph, Value], Value]
 
@@ -53,12 +55,12 @@ _REDUCTIONS: dict[str, _Reduction] = {
 
 def _reduce_axes(ctx: NodeContext, rank: int, axes_input_since: int) -> tuple[int, ...]:
     """The normalised axes; no axes means all of them, or none with noop_with_empty_axes."""
-    noop = ctx.attr_int("noop_with_empty_axes", 0)
+    noop = ctx.attr_bool("noop_with_empty_axes", False)
     axes: list[int] | None
     if ctx.opset >= axes_input_since:
         axes = None
         if ctx.has_input(1):
-            axes = [int(a) for a in ctx.input_static(1, "the reduction axes").reshape(-1)]
+            axes = static_ints(ctx, 1, "the reduction axes")
     else:
         axes = ctx.attr_ints("axes")
     if not axes:
@@ -109,7 +111,7 @@ def _known_reduce(op: ReduceOp, k: Known, axes: tuple[int, ...], keepdims: bool)
 @onnx_op(*_REDUCTIONS)
 def reduce(ctx: NodeContext) -> Result:
     spec = _REDUCTIONS[ctx.op_type]
-    keepdims = bool(ctx.attr_int("keepdims", 1))
+    keepdims = ctx.attr_bool("keepdims", True)
     axes = _reduce_axes(ctx, ctx.input_rank(0), spec.axes_input_since)
     k = ctx.input_known(0)
     if k is not None and spec.pre is None and spec.finish is None:
@@ -135,7 +137,7 @@ def _require_float(ctx: NodeContext, x: Value) -> None:
 @onnx_op("ReduceLogSumExp")
 def reduce_log_sum_exp(ctx: NodeContext) -> Result:
     """m + log Σ exp(x - m) with m the (finite) maximum: no overflow for large inputs."""
-    keepdims = bool(ctx.attr_int("keepdims", 1))
+    keepdims = ctx.attr_bool("keepdims", True)
     axes = _reduce_axes(ctx, ctx.input_rank(0), 18)
     g, x = ctx.graph, ctx.input(0)
     _require_float(ctx, x)
@@ -153,9 +155,11 @@ def arg_reduce(ctx: NodeContext) -> Result:
     """select_last_index flips the axis and maps the index i back to n - 1 - i."""
     op = ReduceOp.ARGMAX if ctx.op_type == "ArgMax" else ReduceOp.ARGMIN
     g, x = ctx.graph, ctx.input(0)
-    axis = ctx.axis(ctx.attr_int("axis", 0), g[x].rank)
-    keepdims = bool(ctx.attr_int("keepdims", 1))
-    if not ctx.attr_int("select_last_index", 0):
+    axis = axis_of(ctx, ctx.attr_int("axis", 0), g[x].rank)
+    if g.shape(x)[axis] == Size(0):
+        ctx.unsupported(f"{ctx.op_type} over the empty axis {axis} of {g.shape(x)}")
+    keepdims = ctx.attr_bool("keepdims", True)
+    if not ctx.attr_bool("select_last_index", False):
         return g.reduce(x, [axis], op, keepdims)
     n = g.shape(x)[axis].as_int(f"select_last_index: size of axis {axis}")
     return g.sub(n - 1, g.reduce(g.flip(x, axis), [axis], op, keepdims))
@@ -211,12 +215,12 @@ def _scan_symbolic(
 def cumulative(ctx: NodeContext) -> Result:
     op = BinaryOp.ADD if ctx.op_type == "CumSum" else BinaryOp.MUL
     g, x = ctx.graph, ctx.input(0)
-    axis_arr = ctx.input_static(1, "the axis")
-    if axis_arr.size != 1:
-        ctx.unsupported(f"axis must be a scalar, found shape {list(axis_arr.shape)}")
-    axis = ctx.axis(int(axis_arr.reshape(-1)[0]), g[x].rank)
-    exclusive = bool(ctx.attr_int("exclusive", 0))
-    reverse = bool(ctx.attr_int("reverse", 0))
+    axis_arr = static_ints(ctx, 1, "the axis")
+    if len(axis_arr) != 1:
+        ctx.unsupported(f"axis must be one integer, found {axis_arr}")
+    axis = axis_of(ctx, axis_arr[0], g[x].rank)
+    exclusive = ctx.attr_bool("exclusive", False)
+    reverse = ctx.attr_bool("reverse", False)
     if g.dtype(x).is_bool:
         ctx.unsupported("bool input")
     if g.shape(x)[axis].is_fixed:

@@ -57,7 +57,7 @@ def _read_interp(ctx: NodeContext) -> Interp:
         ctx.unsupported(f"coordinate_transformation_mode '{coord}'")
     if nearest not in NEAREST_MODES:
         ctx.unsupported(f"nearest_mode '{nearest}'")
-    antialias = bool(ctx.attr_int("antialias", 0)) if ctx.opset >= 18 else False
+    antialias = ctx.attr_bool("antialias", False) if ctx.opset >= 18 else False
     if antialias and mode == "nearest":
         ctx.unsupported("antialias with mode 'nearest'")
     return Interp(
@@ -65,7 +65,7 @@ def _read_interp(ctx: NodeContext) -> Interp:
         coord,
         nearest,
         ctx.attr_float("cubic_coeff_a", -0.75),
-        bool(ctx.attr_int("exclude_outside", 0)),
+        ctx.attr_bool("exclude_outside", False),
         antialias,
     )
 

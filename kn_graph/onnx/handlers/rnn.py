@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kn_graph.onnx.context import NodeContext, Result, onnx_op
+from kn_graph.onnx.context import MAX_UNROLL, NodeContext, Result, onnx_op
 from kn_graph.onnx.handlers.rnn_cells import (
     Activation,
     gru_cell,
@@ -184,11 +184,11 @@ def _run(
             case "RNN":
                 h_new, c_new = rnn_cell(g, xw, h, d.r, d.rb, d.acts, layer.clip), None
             case "GRU":
-                lbr = bool(ctx.attr_int("linear_before_reset", 0))
+                lbr = ctx.attr_bool("linear_before_reset", False)
                 h_new, c_new = gru_cell(g, xw, h, d.r, d.rb, d.acts, layer.clip, lbr), None
             case _:
                 assert c is not None
-                coupled = bool(ctx.attr_int("input_forget", 0))
+                coupled = ctx.attr_bool("input_forget", False)
                 h_new, c_new = lstm_cell(g, xw, h, c, d.r, d.rb, d.p, d.acts, layer.clip, coupled)
         running = mask(t)
         if running is None:
@@ -207,8 +207,8 @@ def recurrent(ctx: NodeContext) -> list[Result | None]:
     if not g.dtype(x).is_float:
         ctx.unsupported(f"expected a float input, found {g.dtype(x)}")
     layer = _layer(ctx, x)
-    if layer.steps < 1:
-        ctx.unsupported("an empty sequence")
+    if not 1 <= layer.steps <= MAX_UNROLL:
+        ctx.unsupported(f"a sequence of {layer.steps} steps (supported: 1 to {MAX_UNROLL})")
     dirs = _directions(ctx, x, layer)
     mask = _step_mask(ctx, layer, dirs)
     ys, hs, cs = [], [], []

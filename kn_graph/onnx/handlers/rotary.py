@@ -18,18 +18,23 @@ def _cache(ctx: NodeContext, i: int, b: Size, s: Size, half: int) -> Value:
     g = ctx.graph
     cache = ctx.input(i)
     shape = g.shape(cache)
-    if shape[-1] != Size(half):
-        ctx.unsupported(f"cache {shape} does not end with rotary_embedding_dim / 2 = {half}")
+    which = ("cos_cache", "sin_cache")[i - 1]
+    if not g.dtype(cache).is_float:
+        ctx.unsupported(f"{which} must be a float tensor, found {g.dtype(cache)}")
     if not ctx.has_input(3):
-        if shape.rank != 3:
+        if shape.rank != 3 or shape[2] != Size(half):
             ctx.unsupported(
-                f"without position_ids the cache must be [batch, seq, {half}], found {shape}"
+                f"without position_ids {which} must be [batch, sequence, {half}] "
+                f"(rotary_embedding_dim / 2 last), found {shape}"
             )
         return cache
     pos = ctx.input(3)
-    if shape.rank != 2 or g.shape(pos) != Shape.of(b, s) or not g.dtype(pos).is_int:
+    pos_shape = g.shape(pos)
+    if shape.rank != 2 or shape[1] != Size(half):
+        ctx.unsupported(f"with position_ids {which} must be [positions, {half}], found {shape}")
+    if pos_shape != Shape.of(b, s) or not g.dtype(pos).is_int:
         ctx.unsupported(
-            f"expected a cache [positions, {half}] and position_ids [{b}, {s}], found {shape} and {g.shape(pos)}"
+            f"position_ids must be integers of shape [{b}, {s}], found {g.dtype(pos)}{pos_shape}"
         )
     rows = g.gather(cache, 0, g.view(pos, Shape.of(b * s)))
     return g.view(rows, Shape.of(b, s, half))
@@ -57,7 +62,7 @@ def rotary_embedding(ctx: NodeContext) -> Result:
     x = ctx.input(0)
     shape = g.shape(x)
     num_heads = ctx.attr_int("num_heads", 0)
-    interleaved = bool(ctx.attr_int("interleaved", 0))
+    interleaved = ctx.attr_bool("interleaved", False)
     if not g.dtype(x).is_float:
         ctx.unsupported(f"expected a float input, found {g.dtype(x)}")
     match shape.rank:

@@ -15,7 +15,7 @@ import numpy as np
 
 from kn_graph.dtype import DType
 from kn_graph.graph import broadcast_shapes
-from kn_graph.onnx.context import Known, NodeContext, Result, onnx_op
+from kn_graph.onnx.context import MAX_RANK, Known, NodeContext, Result, onnx_op
 from kn_graph.onnx.handlers.common import all_known
 from kn_graph.onnx.loader import KNOWN_LIMIT
 from kn_graph.ops import Value
@@ -64,7 +64,9 @@ def axis_of(ctx: NodeContext, axis: int, rank: int) -> int:
 
 
 def _small(shape: Shape) -> bool:
-    return shape.is_fixed and math.prod(shape.fixed_dims()) <= KNOWN_LIMIT
+    return (
+        shape.is_fixed and shape.rank <= MAX_RANK and math.prod(shape.fixed_dims()) <= KNOWN_LIMIT
+    )
 
 
 def _axes(ctx: NodeContext, input_index: int, first_input_opset: int) -> list[int] | None:
@@ -129,7 +131,10 @@ def dropout(ctx: NodeContext) -> Result | list[Result | None]:
             ctx.unsupported("training_mode must be a scalar")
         ratio = 0.5
         if ctx.has_input(1):
-            ratio = float(np.asarray(ctx.input_static(1, "ratio")).reshape(-1)[0])
+            ratios = np.asarray(ctx.input_static(1, "ratio")).reshape(-1)
+            if ratios.size != 1:
+                ctx.unsupported(f"ratio must be a scalar, found {ratios.tolist()}")
+            ratio = float(ratios[0])
         if bool(training[0]) and ratio != 0:
             ctx.unsupported(
                 f"training mode with ratio {ratio} is random; only inference is supported"
@@ -163,7 +168,7 @@ def reshape(ctx: NodeContext) -> Result:
         target = [Size(d) for d in ctx.attr_ints("shape") or []]
     else:
         target = ctx.input_sizes(1, "the target shape")
-    allowzero = ctx.attr_int("allowzero", 0)
+    allowzero = ctx.attr_bool("allowzero", False)
     dims: list[Size | None] = []
     for i, d in enumerate(target):
         if d == Size(0) and not allowzero:
@@ -423,6 +428,10 @@ def space_to_depth(ctx: NodeContext) -> Result:
     return g.view(y, Shape.of(n, c * b * b, h // b, w // b))
 
 
+RANGE_CONSTANT_LIMIT = 1 << 20
+"""A Range with fixed bounds up to this many elements is a load-time constant; a longer one is
+computed by the graph (an iota), so a declared length of 2^31 costs no memory at load time."""
+
 _STASH: dict[int, type] = {1: np.float32, 11: np.float64}
 """Range's stash_type (ONNX element types FLOAT, DOUBLE) → the NumPy type to compute in."""
 
@@ -464,30 +473,59 @@ def range_(ctx: NodeContext) -> Result:
     if not all(isinstance(v, Size) for v in (start, limit, delta)):
         # float range: computed here exactly as the reference does (in float64, then cast)
         lo, hi, d = (
-            float(v.as_int("a float Range bound")) if isinstance(v, Size) else v.item()
+            float(v.as_int("a float Range bound")) if isinstance(v, Size) else float(v.item())
             for v in (start, limit, delta)
         )
+        if not all(math.isfinite(x) for x in (lo, hi, d)):
+            ctx.unsupported(f"Range bounds must be finite, found {lo}, {hi}, {d}")
         if d == 0:
             ctx.unsupported("delta is zero")
         half = dtype is DType.F16 and ctx.has_attr("stash_type")
         stash = _STASH.get(ctx.attr_int("stash_type")) if half else None
+        ctx.ignore_attrs("stash_type")
+        span = (hi - lo) / d
+        if not math.isfinite(span) or span >= 2.0**62:
+            ctx.unsupported(f"Range({lo}, {hi}, {d}) has too many elements ({span:.3g})")
+        count = max(math.ceil(span), 0)
+        if count == 0:  # NumPy refuses some empty ranges (0 to -3.4e38)
+            return ctx.graph.constant(np.zeros(0, dtype.np))
+        if count > RANGE_CONSTANT_LIMIT:  # too long for a constant: the graph computes it
+            g = ctx.graph
+            wide = DType.F64 if stash is None else DType.from_np(np.dtype(stash))
+            ramp = g.add(g.mul(g.iota(Shape.of(count), 0, wide), d), lo)
+            return g.cast(ramp, dtype)
         if stash is not None:  # half precision computed in a wider type, as the reference does
             return ctx.graph.constant(
                 np.arange(stash(lo).item(), hi, d, dtype=stash).astype(dtype.np)
             )
-        ctx.ignore_attrs("stash_type")
         return ctx.graph.constant(np.arange(lo, hi, d).astype(dtype.np))
     assert isinstance(start, Size) and isinstance(limit, Size) and isinstance(delta, Size)
     step = delta.as_int("delta")
     if step == 0:
         ctx.unsupported("delta is zero")
     if start.is_fixed and limit.is_fixed:
-        arr = np.arange(start.as_int(), limit.as_int(), step)
-        return (
-            known(arr, dtype)
-            if arr.size <= KNOWN_LIMIT
-            else ctx.graph.constant(arr.astype(dtype.np))
-        )
+        first, end = start.as_int(), limit.as_int()
+        count = max(-((first - end) // step), 0)
+        info = np.iinfo(dtype.np) if dtype.is_int else np.iinfo(np.int64)
+        ends = (first, first + (count - 1) * step) if count else (0, 0)
+        if not all(info.min <= v <= info.max for v in ends):
+            ctx.unsupported(f"Range({first}, {end}, {step}) leaves the range of {dtype}")
+        if count <= RANGE_CONSTANT_LIMIT:
+            wide = not -(2**63) <= end < 2**63  # NumPy's arange takes int64 bounds only
+            arr = (
+                np.fromiter(range(first, end, step), np.int64, count)
+                if wide
+                else np.arange(first, end, step, dtype=np.int64)
+            )
+            return (
+                known(arr, dtype)
+                if arr.size <= KNOWN_LIMIT
+                else ctx.graph.constant(arr.astype(dtype.np))
+            )
+        # too long for a constant (a declared length of 2^31): the graph computes it
+        g = ctx.graph
+        ramp = g.mul(g.iota(Shape.of(count), 0, dtype), step)
+        return g.add(ramp, first) if first else ramp
     # symbolic length: iota·delta + start, max(ceil((limit - start) / delta), 0) elements
     n = Size.max((limit - start).ceildiv(step) if step > 0 else (start - limit).ceildiv(-step), 0)
     g = ctx.graph

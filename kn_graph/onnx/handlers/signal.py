@@ -31,7 +31,7 @@ def window(ctx: NodeContext) -> Result:
     if not 0 <= size <= MAX_MATRIX:
         ctx.unsupported(f"window size {size}")
     dtype = onnx_dtype(ctx.attr_int("output_datatype", 1), f"node '{ctx.name}' output_datatype")
-    periodic = bool(ctx.attr_int("periodic", 1))
+    periodic = ctx.attr_bool("periodic", True)
     n = np.arange(size, dtype=np.float64)
     span = size if periodic else size - 1
     with np.errstate(all="ignore"):
@@ -135,8 +135,8 @@ def dft(ctx: NodeContext) -> Result:
         ctx.unsupported(f"axis {axis} for rank {rank}")
     axis %= rank
     n = _scalar_int(ctx, 1, "dft_length") if ctx.has_input(1) else None
-    inverse = bool(ctx.attr_int("inverse", 0))
-    onesided = bool(ctx.attr_int("onesided", 0))
+    inverse = ctx.attr_bool("inverse", False)
+    onesided = ctx.attr_bool("onesided", False)
     return _transform(ctx, ctx.input(0), axis, n, inverse, onesided)
 
 
@@ -168,5 +168,5 @@ def stft(ctx: NodeContext) -> Result:
     cut = g.view(cut, Shape.of(shape[0], frames, frame, shape[2]))
     if win is not None:
         cut = g.mul(cut, g.view(g.cast(win, g.dtype(x)), Shape.of(frame, 1)))
-    onesided = bool(ctx.attr_int("onesided", 1))
+    onesided = ctx.attr_bool("onesided", True)
     return _transform(ctx, cut, 2, frame, False, onesided)

@@ -362,7 +362,7 @@ def trilu(ctx: NodeContext) -> Result:
     shape = ctx.input_shape(0)
     if shape.rank < 2:
         ctx.unsupported(f"input rank {shape.rank} < 2")
-    upper = ctx.attr_int("upper", 1)
+    upper = ctx.attr_bool("upper", True)
     k = 0
     if ctx.has_input(1):
         ks = static_ints(ctx, 1, "k")

@@ -1,0 +1,391 @@
+"""Run fuzz cases: build one from (seed, index), load it with `load_onnx`, evaluate what loads on
+small inputs through `Device.cpu().prepare(...).eval(...)`, and classify the outcome. Cases run
+in forked worker processes (memory-limited) so that a hang is killed after a time limit and a
+crash is seen as a dead worker instead of killing the run."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import math
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
+from kn_graph.graph import Graph
+from kn_graph.onnx import ValueSpecializedModel, load_onnx
+from kn_graph.onnx.context import onnx_dtype
+from kn_graph.shape import Shape, Size, infer_symbols
+from kn_runtime import Device
+from tests.fuzz.cases import Case, args_case, eval_misuse, file_case
+from tests.fuzz.mutate import corrupt_bytes, mutate
+
+__all__ = [
+    "CORPORA",
+    "FIXTURES",
+    "Outcome",
+    "backend_models",
+    "build_case",
+    "run_case",
+    "run_cases",
+]
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+FIXTURES = sorted(MODELS.glob("*.onnx"), key=lambda p: p.stat().st_size)
+"""The committed fixtures, smallest first."""
+
+MEMORY_LIMIT = 4 << 30
+"""Address space of a worker: a load or evaluation that needs more fails with MemoryError
+(an internal error) instead of exhausting the machine."""
+
+VALUE_LIMIT = 64 << 20
+"""Evaluation is skipped (outcome "skipped") when an input or computed value would be larger:
+the fuzzer looks for wrong behaviour, not for slow arithmetic on huge tensors."""
+
+
+@dataclass
+class Outcome:
+    """How one case ended: `kind` is ran, skipped, KnError, internal, hang or crash."""
+
+    index: int
+    kind: str
+    detail: str  # the KnError class, or the traceback of an internal error
+    description: list[str]
+    seconds: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"KnError {self.detail}" if self.kind == "KnError" else self.kind
+
+
+CORPORA = ("fixtures", "backend", "all")
+"""Where the models to mutate come from: the committed fixtures, the ONNX backend node tests that
+pass (one op each, with valid inputs: every handler gets fuzzed), or both (half each)."""
+
+Source = tuple[str, bytes, dict[str, np.ndarray]]
+"""A model to mutate: its name, its bytes and valid inputs by name."""
+
+_fixture_cache: dict[Path, Source] = {}
+_backend: list[Source] | None = None
+
+
+def _fixture(path: Path) -> Source:
+    hit = _fixture_cache.get(path)
+    if hit is None:
+        npz = path.with_suffix(".npz")
+        feeds: dict[str, np.ndarray] = {}
+        if npz.exists():
+            with np.load(npz) as z:
+                feeds = {k[4:]: z[k] for k in z.files if k.startswith("in0:")}
+        hit = _fixture_cache[path] = (f"fixture {path.name}", path.read_bytes(), feeds)
+    return hit
+
+
+def backend_models() -> list[Source]:
+    """The ONNX backend node tests in tests/onnx_backend/passing.txt, by name (generated once
+    per process, ~8 s: call it before forking workers)."""
+    global _backend
+    if _backend is None:
+        from tests.onnx_backend.runner import PASSING, _as_array, _graph_input_names, load_cases
+
+        passing = set(PASSING.read_text().split())
+        out: list[Source] = []
+        for c in sorted(load_cases(), key=lambda c: c.name):
+            if c.name not in passing or not c.data_sets:
+                continue
+            names = _graph_input_names(c.model)
+            arrays = [_as_array(x) for x in c.data_sets[0][0]]
+            feeds = {
+                n: np.asarray(a)
+                for n, a in zip(names, arrays, strict=False)
+                if isinstance(a, np.ndarray | np.generic)
+            }
+            out.append((f"backend {c.name}", c.model.SerializeToString(), feeds))
+        _backend = out
+    return _backend
+
+
+def _choose_fixture(rng: np.random.Generator, max_fixtures: int) -> Path:
+    """Smaller fixtures more often (weight 1/rank): they load and run fastest."""
+    pool = FIXTURES[:max_fixtures]
+    w = np.array([1.0 / (i + 1) ** 0.7 for i in range(len(pool))])
+    return pool[int(rng.choice(len(pool), p=w / w.sum()))]
+
+
+def build_case(
+    seed: int, index: int, workdir: Path, corpus: str = "all", max_fixtures: int = len(FIXTURES)
+) -> Case:
+    """Case `index` of the run with this seed (the same on every machine)."""
+    rng = np.random.default_rng([seed, index])
+    if corpus == "backend" or (corpus == "all" and rng.random() < 0.5):
+        models = backend_models()
+        name, data, feeds = models[int(rng.integers(len(models)))]
+    else:
+        name, data, feeds = _fixture(_choose_fixture(rng, max_fixtures))
+    model = onnx.ModelProto.FromString(data)
+    head = [name]
+    r = rng.random()
+    if r < 0.06:
+        case = file_case(model, rng, workdir)
+    elif r < 0.12:
+        case = args_case(model, rng)
+    else:
+        desc = mutate(model, rng, int(rng.choice([1, 1, 1, 2, 2, 3])))
+        if rng.random() < 0.1:
+            blob, what = corrupt_bytes(model.SerializeToString(), rng)
+            desc.append(f"bytes: {what}")
+            case = Case(desc, lambda: load_onnx(blob))
+        else:
+            case = Case(desc, lambda: load_onnx(model))
+        case.misuse_eval = rng.random() < 0.05
+    case.description = head + case.description
+    case.kwargs = {"feeds": feeds, "rng": rng}
+    return case
+
+
+# -- feeding what loads ---------------------------------------------------------------------------
+def _inputs(loaded: Graph | ValueSpecializedModel) -> list[tuple[str, Shape, np.dtype]]:
+    """Each input's name, (symbolic) shape and NumPy dtype."""
+    if isinstance(loaded, Graph):
+        names = loaded.input_names
+        return [
+            (n, loaded[v].shape, loaded[v].dtype.np)
+            for n, v in zip(names, loaded.inputs, strict=True)
+        ]
+    out = []
+    init = {t.name for t in loaded.model.graph.initializer}
+    for inp in loaded.model.graph.input:
+        if inp.name in init or inp.name in loaded.options.input_values:
+            continue
+        tt = inp.type.tensor_type
+        dims = [
+            Size(d.dim_value)
+            if d.HasField("dim_value") and d.dim_value >= 0
+            else Size.sym(f"{inp.name}_{k}")
+            for k, d in enumerate(tt.shape.dim)
+        ]
+        out.append((inp.name, Shape(tuple(dims)), onnx_dtype(tt.elem_type, inp.name).np))
+    return out
+
+
+def _bindings(
+    specs: list[tuple[str, Shape, np.dtype]], feeds: dict[str, np.ndarray]
+) -> dict[str, int]:
+    """Symbol values from the fixture's own inputs where they fit, else small ones."""
+    bound: dict[str, int] = {}
+    for name, shape, _ in specs:
+        a = feeds.get(name)
+        if a is None or a.ndim != shape.rank:
+            continue
+        with contextlib.suppress(KnError):
+            bound = infer_symbols([shape], [a.shape], [name], bound)
+    for _, shape, _ in specs:
+        for s in sorted(shape.symbols):
+            bound.setdefault(s, 2)
+    return bound
+
+
+def _feed(
+    specs: list[tuple[str, Shape, np.dtype]], feeds: dict[str, np.ndarray], rng: np.random.Generator
+) -> dict[str, np.ndarray] | None:
+    """Inputs of the declared shapes (None when one would exceed VALUE_LIMIT)."""
+    bound = _bindings(specs, feeds)
+    out: dict[str, np.ndarray] = {}
+    for name, shape, dt in specs:
+        try:
+            dims = shape.eval(bound)
+        except KnError:
+            dims = tuple(2 for _ in shape)
+        if any(d < 0 for d in dims) or math.prod(dims) * dt.itemsize > VALUE_LIMIT:
+            return None
+        given = feeds.get(name)
+        if given is not None and given.shape == tuple(dims) and given.dtype == dt:
+            out[name] = given
+        elif dt.kind == "f":
+            out[name] = rng.standard_normal(dims).astype(dt)
+        elif dt.kind == "b":
+            out[name] = rng.random(dims) < 0.5
+        else:
+            out[name] = rng.integers(0, 4, dims).astype(dt)
+    return out
+
+
+def _too_big(graph: Graph, feed: dict[str, np.ndarray]) -> bool:
+    """Whether some value of the graph would exceed VALUE_LIMIT at this binding."""
+    try:
+        bound = infer_symbols(
+            [graph[v].shape for v in graph.inputs], [feed[n].shape for n in graph.input_names]
+        )
+        return any(
+            math.prod(info.shape.eval(bound)) * info.dtype.size > VALUE_LIMIT
+            for info in graph.value_infos()
+        )
+    except (KnError, KeyError):
+        return False  # evaluation reports it
+
+
+def _evaluate(case: Case, loaded: Any) -> str:
+    feeds, rng = case.kwargs["feeds"], case.kwargs["rng"]
+    if not isinstance(loaded, Graph | ValueSpecializedModel):
+        raise TypeError(f"load_onnx returned {type(loaded).__name__}")
+    specs = _inputs(loaded)
+    feed = _feed(specs, feeds, rng)
+    if feed is None:
+        return "skipped"
+    if isinstance(loaded, ValueSpecializedModel):
+        graph = loaded.specialize(feed)
+        if _too_big(graph, {n: feed[n] for n in graph.input_names}):
+            return "skipped"
+    elif _too_big(loaded, feed):
+        return "skipped"
+    prepared = Device.cpu().prepare(loaded)
+    if case.misuse_eval:
+        what, bad = eval_misuse([s[0] for s in specs], feed, rng)
+        case.description.append(what)
+        prepared.eval(bad)
+    else:
+        prepared.eval(feed)
+    return "ran"
+
+
+def run_case(
+    seed: int, index: int, workdir: Path, corpus: str = "all", max_fixtures: int = len(FIXTURES)
+) -> Outcome:
+    """Build, load and evaluate one case in this process."""
+    start = time.perf_counter()
+    case = Case([f"case {index}"], lambda: None)
+    try:
+        case = build_case(seed, index, workdir, corpus, max_fixtures)
+        kind = _evaluate(case, case.load())
+        detail = ""
+    except KnError as e:
+        kind, detail = "KnError", type(e).__name__
+        cause = e.__cause__
+        wrapped = cause is not None and not isinstance(cause, KnError)
+        if isinstance(e, EvaluationError | ShapeMismatchError) and wrapped:
+            detail += f" <- {type(cause).__name__}"  # an executor wrapping a NumPy error
+    except Exception:
+        kind, detail = "internal", traceback.format_exc()
+    return Outcome(index, kind, detail, case.description, time.perf_counter() - start)
+
+
+# -- the worker pool ------------------------------------------------------------------------------
+def _worker(conn: Connection, seed: int, corpus: str, max_fixtures: int) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    faulthandler.disable()  # a crash is reported by the parent (pytest enables it)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    warnings.simplefilter("ignore")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    root = Path(tempfile.mkdtemp(prefix="kn-fuzz-"))
+    try:
+        while True:
+            index = conn.recv()
+            if index is None:
+                return
+            workdir = root / str(index)
+            workdir.mkdir()
+            outcome = run_case(seed, index, workdir, corpus, max_fixtures)
+            shutil.rmtree(workdir, ignore_errors=True)
+            conn.send(outcome)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class _Slot:
+    """One worker process and the case it is running."""
+
+    def __init__(self, seed: int, corpus: str, max_fixtures: int) -> None:
+        ctx = mp.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        args = (child, seed, corpus, max_fixtures)
+        self.proc = ctx.Process(target=_worker, args=args, daemon=True)
+        self.proc.start()
+        child.close()
+        self.index: int | None = None
+        self.started = 0.0
+
+    def submit(self, index: int) -> None:
+        self.index, self.started = index, time.perf_counter()
+        self.conn.send(index)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+def run_cases(
+    seed: int,
+    indices: range,
+    workers: int = 2,
+    timeout: float = 30.0,
+    corpus: str = "all",
+    max_fixtures: int = len(FIXTURES),
+) -> list[Outcome]:
+    """Run the cases in `workers` processes; a case over `timeout` seconds is a hang (its worker
+    is killed and replaced), a worker that dies is a crash."""
+    if corpus != "fixtures":
+        backend_models()  # once, here: the forked workers inherit it
+
+    def slot() -> _Slot:
+        return _Slot(seed, corpus, max_fixtures)
+
+    pending = list(indices)[::-1]
+    slots = [slot() for _ in range(max(1, min(workers, len(pending))))]
+    results: list[Outcome] = []
+    try:
+        for s in slots:
+            if pending:
+                s.submit(pending.pop())
+        while any(s.index is not None for s in slots):
+            busy = [s for s in slots if s.index is not None]
+            now = time.perf_counter()
+            left = min(s.started + timeout - now for s in busy)
+            ready = wait([s.conn for s in busy], timeout=max(left, 0.01))
+            for k, s in enumerate(slots):
+                if s.index is None:
+                    continue
+                if s.conn in ready:
+                    try:
+                        results.append(s.conn.recv())
+                    except (EOFError, OSError):
+                        s.proc.join()
+                        what = f"worker exit code {s.proc.exitcode}"
+                        results.append(Outcome(s.index, "crash", what, []))
+                        s.kill()
+                        s = slots[k] = slot()
+                elif time.perf_counter() - s.started > timeout:
+                    results.append(Outcome(s.index, "hang", f"over {timeout} s", []))
+                    s.kill()
+                    s = slots[k] = slot()
+                else:
+                    continue
+                s.index = None
+                if pending:
+                    s.submit(pending.pop())
+    finally:
+        for s in slots:
+            with contextlib.suppress(OSError, ValueError):
+                s.conn.send(None)
+            s.proc.join(timeout=1)
+            if s.proc.is_alive():
+                s.kill()
+    return sorted(results, key=lambda o: o.index)
