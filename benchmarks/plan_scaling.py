@@ -21,13 +21,14 @@ import importlib.util
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # appended: a PYTHONPATH checkout (the "before" side) wins
+
+from timing import median_time  # noqa: E402  (benchmarks/ is the script folder)
 
 import kn_cuda_eval  # noqa: E402
 from kn_cuda_eval import plan  # noqa: E402
@@ -44,23 +45,14 @@ def _big_graphs():  # type: ignore[no-untyped-def]
     return mod
 
 
-def _median(f, repeat: int) -> tuple[float, object]:  # type: ignore[no-untyped-def]
-    times, out = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
-
-
 def scaling(kinds: list[str], sizes: list[int], repeat: int) -> list[dict]:
     bg = _big_graphs()
     rows = []
     for kind in kinds:
         for n in sizes:
             g = bg.chain_graph(n) if kind == "chain" else bg.general_graph(n)
-            t, p = _median(lambda g=g: plan(g, 2), repeat)
-            tv, _ = _median(p.validate, repeat)  # type: ignore[attr-defined]
+            t, p = median_time(lambda g=g: plan(g, 2), repeat)
+            tv, _ = median_time(p.validate, repeat)  # type: ignore[attr-defined]
             rows.append(
                 {
                     "kind": kind,
@@ -95,8 +87,8 @@ def corpus_validate(repeat: int) -> dict:
             continue
         for graph, _, binds in cs:
             for g in (graph, optimize(graph)):
-                tp, p = _median(lambda g=g, b=binds: plan(g, bindings=b), repeat)
-                tv, _ = _median(p.validate, repeat)  # type: ignore[attr-defined]
+                tp, p = median_time(lambda g=g, b=binds: plan(g, bindings=b), repeat)
+                tv, _ = median_time(p.validate, repeat)  # type: ignore[attr-defined]
                 t_plan += tp
                 t_val += tv
                 n += 1

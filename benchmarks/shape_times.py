@@ -13,24 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from timing import median_time  # benchmarks/ is the script folder on sys.path
 
 MODELS = Path(__file__).resolve().parent.parent / "tests" / "models"
 ORIGINAL = 18  # the fixtures before the dynamic-shape ones were added
-
-
-def _median_time(f, repeat: int):
-    times, out = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = f()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
 
 
 def main() -> int:
@@ -55,16 +46,16 @@ def main() -> int:
     print(f"{'fixture':28s} {'load ms':>9s} {'optimize ms':>12s} {'plan ms':>9s}")
     for fx in fixtures:
         try:
-            t_load, g = _median_time(lambda fx=fx: load_onnx(MODELS / fx["file"]), args.repeat)
+            t_load, g = median_time(lambda fx=fx: load_onnx(MODELS / fx["file"]), args.repeat)
             if not hasattr(g, "outputs"):  # a model specialized on input values
                 print(f"{fx['name']:28s} (shapes from input values: not timed)")
                 continue
-            t_opt, o = _median_time(lambda g=g: optimize(g), args.repeat)
+            t_opt, o = median_time(lambda g=g: optimize(g), args.repeat)
             data = np.load(MODELS / fx["reference"])
             k = len(fx["datasets"]) - 1
             feed = {n: data[f"in{k}:{n}"] for n in o.input_names}
             binds = bind_inputs(o, feed)[1]
-            t_plan, _ = _median_time(lambda o=o, b=binds: plan(o, bindings=b), args.repeat)
+            t_plan, _ = median_time(lambda o=o, b=binds: plan(o, bindings=b), args.repeat)
         except KnError as e:
             print(f"{fx['name']:28s} does not load: {str(e)[:80]}")
             continue
