@@ -247,19 +247,19 @@ class Graph(NNBuilders):
         """Record that every binding must satisfy `lhs rel rhs` (`==` or `>=`); a condition that
         holds for every binding is dropped, one that holds for none raises GraphError."""
         g = Guard.make(lhs, rel, rhs, self.where, what)
-        key = (g.lhs, g.rel, g.rhs)
-        if key in self._guard_keys or g.trivial:
-            return
-        self._guard_keys.add(key)
-        self.guards.append(g)
+        if not g.trivial:
+            self._keep_guard(g)
 
     def copy_guards(self, other: Graph) -> None:
         """Take over another graph's guards (rebuilding passes keep the assumptions)."""
         for g in other.guards:
-            key = (g.lhs, g.rel, g.rhs)
-            if key not in self._guard_keys:
-                self._guard_keys.add(key)
-                self.guards.append(g)
+            self._keep_guard(g)
+
+    def _keep_guard(self, g: Guard) -> None:
+        key = (g.lhs, g.rel, g.rhs)
+        if key not in self._guard_keys:
+            self._guard_keys.add(key)
+            self.guards.append(g)
 
     def symbol_origins(self) -> dict[str, str]:
         """For each size symbol, the first input axis that carries it (for error messages)."""

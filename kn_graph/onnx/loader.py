@@ -473,6 +473,10 @@ class Loader:
         for i, t in enumerate(tensors):
             if last[t.name] != i:
                 continue  # a name given twice: the last one counts, as in onnxruntime
+            cached = self.tensors.get(t.name) if t.name else None
+            if cached is not None:  # a restarted load: no second decode or hash of the weights
+                self.env[t.name] = self.graph.constant_tensor(cached)
+                continue
             arr = self.arrays.get(t.name) if t.name else None
             if arr is None:
                 try:
@@ -480,17 +484,12 @@ class Loader:
                 except UnsupportedOnnxError as e:
                     self.bad_initializers[t.name] = e.detail
                     continue
-                if t.name:
-                    self.arrays[t.name] = arr  # a restarted load reads each tensor once
-            cached = self.tensors.get(t.name) if t.name else None
-            if cached is not None:  # a restarted load: no second hash of the weights
-                self.env[t.name] = self.graph.constant_tensor(cached)
-                continue
             r = self.result_of_array(arr)
-            if isinstance(r, Value) and t.name:
-                op = self.graph[r].op
-                if isinstance(op, Constant):
-                    self.tensors[t.name] = op.tensor
+            op = self.graph[r].op if isinstance(r, Value) else None
+            if isinstance(op, Constant) and t.name:
+                self.tensors[t.name] = op.tensor  # holds the data: the array is not kept twice
+            elif t.name:
+                self.arrays[t.name] = arr  # small integer tensors (load-time Known values)
             self.env[t.name] = r
 
     def result_of_array(self, arr: np.ndarray) -> Result:
