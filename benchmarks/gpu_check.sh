@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (about 5-6 minutes): (a) versions of the GPU stack, (b) every test of
-# the CUDA planner and executor on the device (KN_REQUIRE_CUDA=1: a missing GPU fails instead of
-# skipping; every planner test also runs its plans on the GPU, with and without CUDA graphs),
+# The one prepared GPU check (about 5-6 minutes): (a) versions of the GPU stack (first the
+# cuda-pathfinder, nvidia-cudnn-*, nvidia-cublas, nvidia-cuda-nvrtc and CuPy wheels and the
+# driver), (b) every test of the CUDA planner and executor on the device (KN_REQUIRE_CUDA=1: a
+# missing GPU fails instead of skipping; every planner test also runs its plans on the GPU, with
+# and without CUDA graphs, and on the fake device with CUDA-graph capture),
 # (c) benchmarks/gpu_vs_peers.py; the short table is printed last.
 #
 #   bash benchmarks/gpu_check.sh                 # on the GPU machine, from the repository root
@@ -34,6 +36,21 @@ main() {
 
 stage "versions"
 date -u +"%Y-%m-%d %H:%M:%S UTC"
+# first the GPU stack's wheels (no CUDA call needed) and the driver: cuda-pathfinder >= 1.7 finds
+# cuDNN (older ones raise DynamicLibUnknownError), the wheels' majors must match the driver's
+timeout -k 5 30 "$PY" - <<'PYEOF' 2>&1 || true
+import importlib.metadata as md
+want = ("cuda-pathfinder", "nvidia-cudnn", "nvidia-cublas", "nvidia-cuda-nvrtc", "cupy")
+found = sorted(
+    (d.metadata["Name"].lower(), d.version)
+    for d in md.distributions()
+    if d.metadata["Name"] and d.metadata["Name"].lower().startswith(want)
+)
+for prefix in want:
+    hits = [f"{n} {v}" for n, v in found if n.startswith(prefix)]
+    print(f"{prefix:>20}: {', '.join(hits) if hits else 'not installed'}")
+PYEOF
+echo "$(printf '%20s' driver): $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -1)"
 uname -m
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | head -3 || true
 timeout -k 5 60 "$PY" -m kn_cuda_eval.device

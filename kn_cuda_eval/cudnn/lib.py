@@ -1,7 +1,8 @@
 """The `ctypes` binding of `libcudnn.so.9` (host side): every prototype we call is declared
 (an undeclared Python int would be passed as a 32-bit C int and truncate device pointers), every
-status is checked. Located with `cuda.pathfinder` (NVIDIA wheels first, then the system;
-`CUDNN_PATH` honoured) and loaded lazily, on first use.
+status is checked. Loaded lazily, on first use, from the first of: `cuda.pathfinder` (>= 1.7;
+older versions do not know cuDNN), the `nvidia.cudnn` wheel's `lib/libcudnn.so.9`,
+`$CUDNN_PATH/lib[64]`, the system soname.
 
 Descriptor creation and the output-shape query work without a GPU; `cudnnCreate` (a handle) and
 everything that runs needs one.
@@ -12,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
+import importlib.util
+import os
 from ctypes import POINTER, c_double, c_float, c_int, c_size_t, c_void_p
 from typing import Any
 
@@ -181,17 +184,60 @@ class CudnnLib:
         return int(self.fn("cudnnGetCudartVersion")())
 
 
+SONAME = "libcudnn.so.9"
+
+
+def _via_pathfinder() -> str:
+    import cuda.pathfinder as pf
+
+    path = pf.load_nvidia_dynamic_lib("cudnn").abs_path  # DynamicLibUnknownError before 1.7
+    if not path:
+        raise FileNotFoundError("no path")
+    return str(path)
+
+
+def _via_wheel() -> str:
+    spec = importlib.util.find_spec("nvidia.cudnn")
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    for d in dirs:
+        path = os.path.join(d, "lib", SONAME)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"no lib/{SONAME} in {dirs or 'an installed nvidia.cudnn'}")
+
+
+def _via_cudnn_path() -> str:
+    root = os.environ.get("CUDNN_PATH")
+    if not root:
+        raise FileNotFoundError("CUDNN_PATH is not set")
+    for sub in ("lib", "lib64"):
+        path = os.path.join(root, sub, SONAME)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"no lib/{SONAME} or lib64/{SONAME} under {root}")
+
+
+_SEARCH = (
+    ("cuda.pathfinder", _via_pathfinder),
+    ("the nvidia.cudnn wheel", _via_wheel),
+    ("$CUDNN_PATH", _via_cudnn_path),
+    ("the system", lambda: SONAME),
+)
+
+
 @functools.cache
 def load_cudnn() -> CudnnLib:
-    """libcudnn.so.9 through cuda.pathfinder; CudaUnavailableError (saying why) when absent."""
-    try:
-        import cuda.pathfinder as pf
-
-        loaded = pf.load_nvidia_dynamic_lib("cudnn")
-        lib = ctypes.CDLL(loaded.abs_path)
-    except Exception as e:
-        raise CudaUnavailableError(
-            f"cuDNN (libcudnn.so.9) could not be loaded: {type(e).__name__}: {e}; install the "
-            "'cuda12' or 'cuda13' extra"
-        ) from e
-    return CudnnLib(lib)
+    """libcudnn.so.9 from the first place of `_SEARCH` that has one that loads;
+    CudaUnavailableError, listing every attempt, when none has."""
+    tried: list[str] = []
+    for where, locate in _SEARCH:
+        try:
+            lib = ctypes.CDLL(locate())
+        except Exception as e:  # not there, or there but not loadable: try the next place
+            tried.append(f"{where}: {type(e).__name__}: {e}")
+            continue
+        return CudnnLib(lib)
+    raise CudaUnavailableError(
+        f"cuDNN ({SONAME}) could not be loaded: " + "; ".join(tried) + "; install the 'cuda12' "
+        "or 'cuda13' extra"
+    )

@@ -3,6 +3,7 @@ cuDNN, and only lazily: importing it (or `ExecutorSettings`, `bind`, `Profile`) 
 
     CudaExecutor(graph, batch_size, device=0).eval(inputs)   # plan, bind, run on the device
     probe(index) -> str | None                               # why CUDA is unusable, or None
+    cudnn_problem() -> str | None                            # why convolutions cannot run
 
 Layers: `calls.bind(plan)` turns the plan into a launch list (pure, tested on the CPU);
 `executor.CudaExecutor` executes it through `api.DeviceApi` (CuPy); `conv.CudnnBackend` runs
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kn_cuda_eval.device.calls import LaunchList, bind
-from kn_cuda_eval.device.probe import device_count, probe, versions
+from kn_cuda_eval.device.probe import cudnn_problem, device_count, probe, versions
 from kn_cuda_eval.device.profile import Profile
 from kn_cuda_eval.device.settings import ExecutorSettings
 
@@ -27,6 +28,7 @@ __all__ = [
     "LaunchList",
     "Profile",
     "bind",
+    "cudnn_problem",
     "device_count",
     "probe",
     "versions",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from kn_cuda_eval.device.probe import device_count, probe, versions
+from kn_cuda_eval.device.probe import cudnn_problem, device_count, probe, versions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'cuda:' + str(index):>20}: {'usable' if reason is None else 'no CUDA device: ' + reason}"
     )
+    if reason is None:
+        dnn = cudnn_problem()
+        print(f"{'convolutions':>20}: {'cuDNN usable' if dnn is None else dnn}")
     return 0 if reason is None else 1
 
 

@@ -1,6 +1,6 @@
 """The device layer's whole contact surface with CUDA, as one small interface (`DeviceApi`) and
 its CuPy implementation (`CupyApi`): memory, copies, streams, events, stream capture, module
-loading, kernel launches, cuBLAS and the cuDNN handle.
+loading, kernel launches, the cuBLAS and cuDNN bindings and their handles.
 
 Keeping it this narrow is what lets the executor's logic run on a CPU against a fake device in
 the tests; the real implementation below stays a thin, literal mapping onto CuPy calls (the
@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kn_cuda_eval.cudnn.lib import CudnnLib
+from kn_cuda_eval.device.cublas import CublasLib
 from kn_graph.errors import CudaUnavailableError
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyKind
-CUBLAS_DEFAULT_MATH = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +67,6 @@ class Event(Protocol):
 class DeviceApi(Protocol):
     """What the executor needs from CUDA. Pointers are Python ints."""
 
-    blas: Any
-    """An object with cuBLAS's `create`, `setStream`, `setMathMode`, `gemmEx` and
-    `gemmStridedBatchedEx` (CuPy's `cupy.cuda.cublas` signatures)."""
-
     def problem(self, index: int) -> str | None: ...
     def use(self, index: int) -> Any: ...
     def compute_capability(self, index: int) -> int: ...
@@ -95,8 +90,8 @@ class DeviceApi(Protocol):
         stream: Stream,
         params: int,
     ) -> None: ...
+    def cublas(self) -> CublasLib: ...
     def blas_handle(self, index: int) -> int: ...
-    def blas_set_workspace(self, handle: int, ptr: int, nbytes: int) -> None: ...
     def cudnn(self) -> CudnnLib: ...
     def cudnn_handle(self, index: int) -> int: ...
     def wrap_device(self, x: object) -> DeviceArray | None: ...
@@ -104,12 +99,13 @@ class DeviceApi(Protocol):
 
 
 class CupyApi:
-    """`DeviceApi` over CuPy 14 (+ ctypes for cublasSetWorkspace and cuDNN)."""
+    """`DeviceApi` over CuPy 14, plus ctypes bindings of cuBLAS (never CuPy's GEMM wrappers:
+    see `device/cublas.py`) and cuDNN."""
 
     def __init__(self) -> None:
         try:
             import cupy
-            from cupy.cuda import cublas, driver, runtime
+            from cupy.cuda import driver, runtime
         except Exception as e:  # ImportError, or CuPy failing to find its CUDA libraries
             raise CudaUnavailableError(
                 f"CuPy is not usable ({type(e).__name__}: {e}); install the 'cuda12' or "
@@ -118,12 +114,10 @@ class CupyApi:
         self.cp = cupy
         self.rt = runtime
         self.driver = driver
-        self.blas = cublas
         self._modules: dict[tuple[int, str], tuple[object, int]] = {}
         self._blas: dict[tuple[int, int], int] = {}
         self._dnn: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
-        self._set_ws: Any = None
 
     # -- devices ---------------------------------------------------------------------------
     def problem(self, index: int) -> str | None:
@@ -208,35 +202,41 @@ class CupyApi:
         self.driver.launchKernel(fn, *grid, *block, shared_mem, stream.ptr, params, 0)
 
     # -- libraries ---------------------------------------------------------------------------
+    def cublas(self) -> CublasLib:
+        """The binding of the libcublas CuPy loads (importing `cupy.cuda.cublas` is what makes
+        CuPy preload it; the direct `cupy_backends` import does not)."""
+        try:
+            from cupy.cuda import cublas  # noqa: F401
+        except Exception as e:  # the library may still be found below
+            log.info("cupy.cuda.cublas does not import (%s: %s)", type(e).__name__, e)
+        from kn_cuda_eval.device.cublas import load_cublas
+
+        return load_cublas()
+
     def blas_handle(self, index: int) -> int:
         """A cuBLAS handle of our own (CuPy's shared one changes state under us), one per device
         and thread; F32 stays F32 unless a call's compute type says otherwise."""
         key = (index, threading.get_ident())
         h = self._blas.get(key)
         if h is None:
-            h = int(self.blas.create())
-            self.blas.setMathMode(h, CUBLAS_DEFAULT_MATH)
+            h = self.cublas().create_handle()
             self._blas[key] = h
         return h
 
-    def blas_set_workspace(self, handle: int, ptr: int, nbytes: int) -> None:
-        """cublasSetWorkspace (not in CuPy), called through ctypes on the very library CuPy
-        loaded (looked up by soname without loading another copy). Where it cannot be found,
-        cuBLAS keeps its own workspace (CUDA >= 12.2 allocates it stream-ordered, which graph
-        capture accepts) and the arena's region stays unused."""
-        if self._set_ws is None:
-            self._set_ws = _find_set_workspace() or False
-            if not self._set_ws:
-                log.info("cublasSetWorkspace_v2 not found; cuBLAS manages its own workspace")
-        if self._set_ws:
-            status = self._set_ws(handle, ptr, nbytes)
-            if status != 0:
-                raise RuntimeError(f"cublasSetWorkspace_v2 failed with status {status}")
-
     def cudnn(self) -> CudnnLib:
+        """cuDNN, checked to be built for CuPy's CUDA major version (mixed cu12/cu13 wheels
+        would fail at the first convolution otherwise)."""
         from kn_cuda_eval.cudnn.lib import load_cudnn
 
-        return load_cudnn()
+        lib = load_cudnn()
+        rt_major = int(self.rt.runtimeGetVersion()) // 1000
+        dnn_major = lib.cudart_version() // 1000
+        if dnn_major != rt_major:
+            raise CudaUnavailableError(
+                f"cuDNN was built for CUDA {dnn_major}, CuPy runs CUDA {rt_major} (mixed "
+                "cu12/cu13 wheels: install one extra)"
+            )
+        return lib
 
     def cudnn_handle(self, index: int) -> int:
         key = (index, threading.get_ident())
@@ -272,19 +272,6 @@ class CupyApi:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> DeviceArray:
         arr = self.cp.empty(shape, dtype)
         return DeviceArray(int(arr.data.ptr), tuple(shape), np.dtype(dtype), arr)
-
-
-def _find_set_workspace() -> Any:
-    for soname in ("libcublas.so.13", "libcublas.so.12"):
-        try:
-            lib = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        except OSError:
-            continue
-        fn = lib.cublasSetWorkspace_v2
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-        return fn
-    return None
 
 
 @functools.cache

@@ -71,7 +71,7 @@ _INT32_MAX = 2**31 - 1
 # -- generated kernels -------------------------------------------------------------------------
 def pack_args(args: Sequence[Arg], base: int) -> tuple[np.generic, ...]:
     """Launch arguments as the kernel's C parameters want them: pointers as uint64 (arena base +
-    offset), `kn_idx` as int32 or int64, floats as float32."""
+    offset), `kn_idx` as int32 or int64, floats as float32 or float64."""
     out: list[np.generic] = []
     for a in args:
         match a:
@@ -79,8 +79,8 @@ def pack_args(args: Sequence[Arg], base: int) -> tuple[np.generic, ...]:
                 out.append(np.uint64(base + offset))
             case IntArg(value, bits):
                 out.append(np.int32(value) if bits == 32 else np.int64(value))
-            case FloatArg(value):
-                out.append(np.float32(value))
+            case FloatArg(value, bits):
+                out.append(np.float32(value) if bits == 32 else np.float64(value))
             case _:
                 assert_never(a)
     return tuple(out)
@@ -226,10 +226,11 @@ class GemmCall:
 
     @property
     def function(self) -> str:
-        return "gemmEx" if self.batch == 1 else "gemmStridedBatchedEx"
+        """The cuBLAS C function (`kn_cuda_eval.device.cublas.PROTOTYPES`)."""
+        return "cublasGemmEx" if self.batch == 1 else "cublasGemmStridedBatchedEx"
 
     def arguments(self, handle: int, base: int, alpha_ptr: int, beta_ptr: int) -> tuple[int, ...]:
-        """The positional arguments of `cupy.cuda.cublas.<function>`, in its order."""
+        """The arguments of the C function `function`, in cublas_api.h's order."""
         a, b, c, t = base + self.a, base + self.b, base + self.c, self.data_type
         head = (handle, self.transa, self.transb, self.m, self.n, self.k, alpha_ptr)
         if self.batch == 1:
@@ -258,10 +259,7 @@ class GemmCall:
             CUBLAS_COMPUTE_32F_FAST_TF32: "tf32",
             CUBLAS_COMPUTE_64F: "f64",
         }[self.compute_type]
-        return (
-            f"cublas{self.function[0].upper()}{self.function[1:]} {ta}{tb} m={self.m} n={self.n} "
-            f"k={self.k} batch={self.batch} {ct}"
-        )
+        return f"{self.function} {ta}{tb} m={self.m} n={self.n} k={self.k} batch={self.batch} {ct}"
 
 
 def _gemm_call(k: int, s: st.MatMul, tf32: bool) -> GemmCall:

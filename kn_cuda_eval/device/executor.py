@@ -1,7 +1,8 @@
 """`CudaExecutor`: runs a plan on a CUDA device exactly as the emulator runs it on the CPU — one
 allocation (the plan's arena plus staging, zeros and library workspaces), constants uploaded once,
-NVRTC cubins, cuBLAS GEMMs on a private handle, cuDNN convolutions, all on one stream; after a
-warm-up evaluation the step list is replayed as one CUDA graph.
+NVRTC cubins, cuBLAS GEMMs on a private handle (the C API: stream and workspace set on every call,
+so GEMMs are captured too), cuDNN convolutions, all on one stream; after a warm-up evaluation the
+step list is replayed as one CUDA graph.
 
 >>> from kn_graph import DType, Graph, Shape
 >>> g = Graph()
@@ -25,9 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from kn_cuda_eval.cudnn.lib import CudnnLib
 from kn_cuda_eval.device.api import D2D, D2H, H2D, DeviceApi, DeviceArray, default_api
 from kn_cuda_eval.device.calls import ConvCall, GemmCall, KernelCall, LaunchList, bind
 from kn_cuda_eval.device.conv import CudnnBackend, PreparedConv
+from kn_cuda_eval.device.cublas import CublasError
 from kn_cuda_eval.device.profile import Profile, ProfileRow
 from kn_cuda_eval.device.settings import ExecutorSettings
 from kn_cuda_eval.kernels.compile import clamp_arch, compile_kernel
@@ -123,11 +126,13 @@ class CudaExecutor:
         self.evaluations = 0
         self._convs: list[PreparedConv] = []
         self._release = weakref.finalize(self, _close_all, self._convs)
+        self._open = False  # True once built, until closed
         reason = self._api.problem(device)
         if reason is not None:
             raise CudaUnavailableError(f"CUDA device {device} is not usable: {reason}")
         with self._api.use(device):
             self._build()
+        self._open = True
 
     def _build(self) -> None:
         api, lay, calls = self._api, self.launches.layout, self.launches.calls
@@ -137,7 +142,7 @@ class CudaExecutor:
         functions = self._load_kernels()
         conv_ws = 0
         if self.launches.has_conv:
-            lib = api.cudnn()
+            lib = self._cudnn()
             backend = CudnnBackend(
                 lib, api.cudnn_handle(self.device), self.settings.conv_workspace_limit
             )
@@ -150,6 +155,7 @@ class CudaExecutor:
         self._base, self._arena = api.alloc(self.arena_bytes)
         self._upload()
         self._blas = api.blas_handle(self.device) if self.launches.has_gemm else 0
+        self._cublas = api.cublas() if self.launches.has_gemm else None
         self._steps: list[Callable[[], None]] = []
         self._describe: list[Callable[[], str]] = []
         conv_iter = iter(self._convs)
@@ -178,18 +184,35 @@ class CudaExecutor:
             for k, ck in zip(kernels, compiled, strict=True)
         }
 
+    def _cudnn(self) -> CudnnLib:
+        """cuDNN, needed by this plan's convolutions only: a missing library fails here, naming
+        the first convolution, never a plan without one."""
+        try:
+            return self._api.cudnn()
+        except CudaUnavailableError as e:
+            conv = next(c for c in self.launches.calls if isinstance(c, ConvCall))
+            raise CudaUnavailableError(
+                f"step {conv.step} ({conv.describe()}) needs cuDNN: {e}"
+            ) from e
+
     def _upload(self) -> None:
-        """Poison everything (as the emulator does), zero the zeros region, copy the constants."""
+        """Poison everything (as the emulator does), zero the zeros region, copy the constants:
+        all on the executor's stream, so every kernel on it runs after them (a synchronous
+        cudaMemcpy goes through the legacy stream, which a non-blocking stream does not wait
+        for), then wait for them."""
         api, s, lay, base = self._api, self._stream, self.launches.layout, self._base
         if self.settings.poison:
             api.memset_async(base, 0xFF, lay.plan_size, s)
         api.memset_async(base + lay.zeros, 0, lay.zeros_size, s)
-        s.synchronize()
+        staged: list[np.ndarray] = []  # pageable sources must live until the copies are done
         for off, data in self.plan.constants:
             raw = np.ascontiguousarray(data)
             if raw.nbytes:
-                api.memcpy(base + off, raw.ctypes.data, raw.nbytes, H2D)
+                api.memcpy_async(base + off, raw.ctypes.data, raw.nbytes, H2D, s)
+                staged.append(raw)
         api.memset_async(base + self.launches.status, 0, 4, s)
+        s.synchronize()
+        del staged
 
     def _slots(self) -> None:
         """Pinned host buffers: inputs packed in one, outputs and the status word in another."""
@@ -224,18 +247,24 @@ class CudaExecutor:
         return run
 
     def _gemm_thunk(self, c: GemmCall) -> Callable[[], None]:
-        api, stream, handle = self._api, self._stream, self._blas
+        """The GEMM through cuBLAS's C API: the handle is pointed at the executor's stream and
+        the arena's workspace on every call (SetStream resets the workspace, so it comes
+        second), then the GEMM; a failed status is an EvaluationError naming the step."""
+        lib, stream, handle = self._cublas, self._stream, self._blas
+        assert lib is not None
         alpha = np.array([c.alpha], c.scalar)
         beta = np.array([c.beta], c.scalar)
         args = c.arguments(handle, self._base, alpha.ctypes.data, beta.ctypes.data)
-        fn = getattr(api.blas, c.function)
         lay = self.launches.layout
         ws, ws_size = self._base + lay.cublas_workspace, lay.cublas_workspace_size
 
         def run() -> None:
-            api.blas.setStream(handle, stream.ptr)  # a shared handle: set on every call
-            api.blas_set_workspace(handle, ws, ws_size)
-            fn(*args)
+            try:
+                lib.call("cublasSetStream_v2", handle, stream.ptr)
+                lib.call("cublasSetWorkspace_v2", handle, ws, ws_size)
+                lib.call(c.function, *args)
+            except CublasError as e:
+                raise EvaluationError(f"step {c.step} ({c.describe()}): {e}") from e
 
         run.keep = (alpha, beta)  # type: ignore[attr-defined]
         return run
@@ -429,8 +458,13 @@ class CudaExecutor:
         return Profile(f"cuda:{self.device} ({self.device_name})", rows)
 
     def close(self) -> None:
-        """Free the device memory, the graph and the cuDNN descriptors now (else at collection)."""
+        """Wait for the work in flight (`run_device(sync=False)` may have left some), then free
+        the device memory, the graph and the cuDNN descriptors now (else at collection)."""
         with self._lock:
+            if self._open:
+                with self._api.use(self.device):
+                    self._stream.synchronize()
+                self._open = False
             self._graph = None
             self._release()  # the cuDNN descriptors (once; also at garbage collection)
             self._steps = []

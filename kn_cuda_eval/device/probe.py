@@ -1,5 +1,7 @@
 """Is CUDA usable here, and with which versions? Answers without ever crashing: CuPy, the
-driver, a GPU, NVRTC, cuBLAS or cuDNN may each be missing."""
+driver, a GPU, NVRTC, cuBLAS or cuDNN may each be missing. cuDNN is reported on its own
+(`cudnn_problem`): only plans with convolutions need it, so its absence never makes the device
+unusable."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from typing import Any
 
 from kn_graph.errors import CudaUnavailableError
 
-__all__ = ["device_count", "probe", "versions"]
+__all__ = ["cudnn_problem", "device_count", "probe", "versions"]
 
 
 def _api() -> Any:
@@ -24,36 +26,32 @@ def device_count() -> int:
         return 0
 
 
+def _usable_api() -> tuple[Any, str | None]:
+    try:
+        return _api(), None
+    except CudaUnavailableError as e:
+        return None, str(e)
+    except Exception as e:
+        return None, f"CuPy failed to initialise ({type(e).__name__}: {e})"
+
+
 def probe(index: int = 0) -> str | None:
     """Why CUDA device `index` cannot run plans, or None when it can: the device answers, NVRTC
-    compiles for its architecture, cuBLAS loads, cuDNN loads and was built for the same CUDA
-    major version as CuPy's runtime, and memory can be allocated on it."""
-    try:
-        api = _api()
-    except CudaUnavailableError as e:
-        return str(e)
-    except Exception as e:
-        return f"CuPy failed to initialise ({type(e).__name__}: {e})"
-    reason: str | None = api.problem(index)
-    if reason is not None:
+    compiles for its architecture, memory can be allocated on it and cuBLAS loads. (cuDNN is
+    not asked for: see `cudnn_problem`; an executor whose plan has convolutions fails without
+    it, naming the convolution.)"""
+    api, reason = _usable_api()
+    if api is None:
         return reason
+    reason = api.problem(index)
+    if reason is not None:
+        return str(reason)
     step = "NVRTC"
     try:
         from kn_cuda_eval.kernels.compile import clamp_arch, nvrtc_version
 
         clamp_arch(api.compute_capability(index))
         nvrtc_version()
-        step = "cuDNN"
-        from kn_cuda_eval.cudnn.lib import load_cudnn
-
-        lib = load_cudnn()
-        rt_major = int(api.rt.runtimeGetVersion()) // 1000
-        dnn_major = lib.cudart_version() // 1000
-        if dnn_major != rt_major:
-            return (
-                f"cuDNN was built for CUDA {dnn_major}, CuPy runs CUDA {rt_major} (mixed cu12/cu13 "
-                "wheels: install one extra)"
-            )
         step = "device memory"
         with api.use(index):
             api.alloc(256)
@@ -61,6 +59,19 @@ def probe(index: int = 0) -> str | None:
             api.blas_handle(index)
     except Exception as e:
         return f"{step} is not usable: {type(e).__name__}: {e}"
+    return None
+
+
+def cudnn_problem() -> str | None:
+    """Why convolutions cannot run here (cuDNN missing, or built for another CUDA major version
+    than CuPy's runtime), or None when cuDNN is usable."""
+    api, reason = _usable_api()
+    if api is None:
+        return reason
+    try:
+        api.cudnn()
+    except Exception as e:
+        return f"cuDNN is not usable: {type(e).__name__}: {e}"
     return None
 
 
@@ -95,7 +106,7 @@ def versions(index: int = 0) -> dict[str, str]:
         read("gpu", lambda: api.device_name(index))
         read("compute capability", lambda: api.compute_capability(index))
         read("gpu memory GiB", lambda: f"{api.rt.memGetInfo()[1] / 2**30:.1f}")
-        read("cublas", lambda: api.blas.getVersion(api.blas_handle(index)))
+        read("cublas", lambda: api.cublas().version(api.blas_handle(index)))
 
     def nvrtc() -> str:
         from kn_cuda_eval.kernels.compile import nvrtc_version, supported_archs

@@ -1,4 +1,5 @@
-"""Generator of the fused attention kernel (f32 math; f16 storage allowed)."""
+"""Generator of the fused attention kernel: f32 math for f32 and f16 storage, f64 math (scale,
+scores, softmax and accumulators in double) for f64, as the emulator computes it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kn_cuda_eval.kernels.launch import (
     make_kernel,
     needs_64bit,
 )
+from kn_graph.dtype import DType
 
 __all__ = ["MAX_FUSED_DV", "attention_launch"]
 
@@ -33,7 +35,10 @@ def attention_launch(s: st.Attention) -> KernelLaunch:
     p.idx("n", n)
     p.idx("d", d)
     p.idx("dv", dv)
-    p.float_("scale", s.scale)
+    dt = s.q.dtype
+    wide_math = dt is DType.F64
+    acc = "double" if wide_math else "float"
+    p.float_("scale", s.scale, 64 if wide_math else 32)
     p.ptr("q", s.q)
     p.strides("sq", s.q.strides)
     p.ptr("k", s.k)
@@ -52,16 +57,17 @@ def attention_launch(s: st.Attention) -> KernelLaunch:
         if s.causal
         else ""
     )
-    dt = s.q.dtype
     values: dict[str, str | int] = {
         "PARAMS": p.signature(),
         "DVL": max(1, (dv + 31) // 32),
         "T": exprs.storage_ctype(dt),
+        "ACC": acc,
+        "EXP": "exp" if wide_math else "expf",
         "CAUSAL": causal,
         "MASK": mask,
-        "LOADQ": f"(float){exprs.load(dt, 'qrow[e * sq_3]')}",
-        "LOADK": f"(float){exprs.load(dt, 'krow[e * sk_3]')}",
-        "LOADV": f"(float){exprs.load(dt, 'vrow[c * sv_3]')}",
+        "LOADQ": f"({acc}){exprs.load(dt, 'qrow[e * sq_3]')}",
+        "LOADK": f"({acc}){exprs.load(dt, 'krow[e * sk_3]')}",
+        "LOADV": f"({acc}){exprs.load(dt, 'vrow[c * sv_3]')}",
         "STORE": exprs.store(s.out.dtype, "acc[t] / l"),
     }
     kernel = make_kernel("attention", "attention", values, wide)

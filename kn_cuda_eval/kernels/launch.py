@@ -20,6 +20,7 @@ from kn_cuda_eval.view import StridedView
 from kn_graph.dtype import DType
 
 __all__ = [
+    "GRID_CAP",
     "Arg",
     "FloatArg",
     "IntArg",
@@ -39,6 +40,10 @@ __all__ = [
 
 BLOCK = 256
 INT32_LIMIT = 2**31 - 1
+GRID_CAP = 2**20
+"""The most blocks a generated kernel is launched with; grid-stride and row loops cover the rest.
+Read whenever a launch is built (never copied at import), so a test can shrink it —
+`monkeypatch.setattr(launch, "GRID_CAP", 8)` — and make those loops run at small sizes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,7 @@ class IntArg:
 @dataclass(frozen=True, slots=True)
 class FloatArg:
     value: float
+    bits: int = 32  # a C float, or (64) a double
 
 
 Arg = PtrArg | IntArg | FloatArg
@@ -80,13 +86,17 @@ class KernelLaunch:
 
 
 def needs_64bit(count: int, views: Sequence[StridedView]) -> bool:
-    """64-bit indexing when the element count or any view's element offsets pass 2^31."""
-    return count > INT32_LIMIT or any(v.max_index() > INT32_LIMIT for v in views)
+    """64-bit indexing when any view's element offsets pass 2^31, or when a loop index over
+    `count` items could: a grid-stride loop's index ends one stride (at most GRID_CAP·BLOCK)
+    past its last item, so a 32-bit one would wrap negative for counts just below 2^31."""
+    last = max(count, 1) - 1 + GRID_CAP * BLOCK
+    return last > INT32_LIMIT or any(v.max_index() > INT32_LIMIT for v in views)
 
 
 def blocks_for(n: int, per_block: int = BLOCK) -> int:
-    """Grid size for a grid-stride loop over n items (capped; the loop covers the rest)."""
-    return max(1, min((n + per_block - 1) // per_block, 1 << 20))
+    """Grid size for a grid-stride loop over n items (at most GRID_CAP; the loop covers the
+    rest)."""
+    return max(1, min((n + per_block - 1) // per_block, GRID_CAP))
 
 
 class Layout(enum.Enum):
@@ -130,9 +140,9 @@ class Params:
         self.args.append(PtrArg(offset))
         return name
 
-    def float_(self, name: str, value: float) -> str:
-        self.decls.append(f"const float {name}")
-        self.args.append(FloatArg(float(value)))
+    def float_(self, name: str, value: float, bits: int = 32) -> str:
+        self.decls.append(f"const {'double' if bits == 64 else 'float'} {name}")
+        self.args.append(FloatArg(float(value), bits))
         return name
 
     def strides(self, prefix: str, strides: Sequence[int]) -> list[str]:

@@ -52,7 +52,7 @@ class _Row:
         for d in self.rowdims:
             self.ncols *= d
         self.p = Params(wide)
-        self.w = CodeWriter(1)
+        self.w = CodeWriter(2)  # inside the kernel's loop over row groups
         p = self.p
         p.idx("rows", self.rows)
         p.idx("ncols", self.ncols)

@@ -4,8 +4,10 @@ status word, profiling — runs in CI without a GPU.
 
 It is strict where the device is: memory lives at fake 64-bit addresses (a pointer outside every
 allocation raises), kernel launches are decoded from the packed parameter block exactly as the
-driver reads it and must match a call of the launch list, cuBLAS calls are interpreted from their
-raw column-major arguments, cuDNN calls from the descriptors set through the ctypes binding, and
+driver reads it and must match a call of the launch list, cuBLAS C calls are interpreted from their
+raw column-major arguments on the stream and workspace the handle holds (and `blas`, CuPy's own
+cuBLAS module, behaves as CuPy 14.2's: no calls during capture, GEMMs re-pointed at the legacy
+stream), cuDNN calls from the descriptors set through the ctypes binding, and
 synchronous calls during a capture fail as they do on CUDA. What it computes comes from the
 emulator (kernels) or from plain NumPy (libraries) — so it proves the plumbing, not the kernels.
 """
@@ -37,6 +39,8 @@ from kn_cuda_eval.device.calls import (
     LaunchList,
     c_parameters,
 )
+from kn_cuda_eval.device.cublas import PROTOTYPES as CUBLAS_PROTOTYPES
+from kn_cuda_eval.device.cublas import CublasLib
 from kn_cuda_eval.emulator import _conv, _step
 from kn_cuda_eval.view import StridedView
 from kn_graph.dtype import DType
@@ -106,6 +110,8 @@ class FakeStream:
     capturing: list[Callable[[], None]] | None = None
     clock: float = 0.0
     waits: int = 0
+    pending: int = 0
+    """Operations submitted since the last synchronize (work the host has not waited for)."""
 
     def submit(self, op: Callable[[], None], cost: float = 0.001) -> None:
         if self.capturing is not None:
@@ -113,10 +119,12 @@ class FakeStream:
         else:
             op()
             self.clock += cost
+            self.pending += 1
 
     def synchronize(self) -> None:
         if self.capturing is not None:
             raise FakeCudaError("cudaErrorStreamCaptureUnsupported: synchronize while capturing")
+        self.pending = 0
 
     def wait_event(self, event: FakeEvent) -> None:
         self.waits += 1
@@ -149,41 +157,91 @@ class FakeEvent:
 
 # -- cuBLAS ---------------------------------------------------------------------------------------------
 _BLAS_NP = {CUDA_R_32F: np.float32, CUDA_R_64F: np.float64, CUDA_R_16F: np.float16}
+LEGACY_STREAM = 0  # CuPy's current stream unless one is made current: the legacy stream
+CUPY_CAPTURE_ERROR = "calling cuBLAS API during stream capture is currently unsupported"
 
 
-class FakeBlas:
-    """cuBLAS's CuPy signatures, interpreted in column-major terms over the fake memory."""
+@dataclass(frozen=True)
+class GemmRecord:
+    """One GEMM as the library saw it when it was issued."""
+
+    function: str
+    stream: int
+    """The stream the handle pointed at."""
+    workspace: tuple[int, int] | None
+    """The user workspace (pointer, bytes) set on the handle; None: cuBLAS's own pool."""
+    compute: int
+    captured: bool
+
+
+class FakeCublasC:
+    """libcublas's C functions — the prototypes of `kn_cuda_eval.device.cublas`, whose argtypes
+    convert every argument as ctypes would — over the fake memory. The handle keeps what the real
+    library keeps (stream, user workspace, math mode; cublasSetStream_v2 resets the workspace to
+    cuBLAS's own pool); GEMMs are interpreted from their raw column-major arguments, computed
+    with NumPy on the stream the handle points at, and recorded in `gemms`."""
 
     def __init__(self, api: FakeApi) -> None:
         self.api = api
         self.streams: dict[int, int] = {}
         self.workspaces: dict[int, tuple[int, int]] = {}
         self.math: dict[int, int] = {}
-        self.calls: list[tuple[str, int]] = []
-        self.handles = 0
+        self.gemms: list[GemmRecord] = []
+        self.fail: dict[str, int] = {}  # GEMM function -> the status it returns (injected)
+        self.next = 0x5000
+        for name in CUBLAS_PROTOTYPES:
+            setattr(self, name, _Fn(getattr(self, "_" + name), strict=True))
 
-    def create(self) -> int:
-        self.handles += 1
-        return 0x5000 + self.handles
+    def _cublasCreate_v2(self, out: Any) -> int:
+        self.next += 1
+        out._obj.value = self.next
+        self.math[self.next] = 0
+        return 0
 
-    def setStream(self, handle: int, stream: int) -> None:  # CuPy's names
-        self.streams[handle] = stream
+    def _cublasDestroy_v2(self, h: Any) -> int:
+        return 0 if self.math.pop(_v(h), None) is not None else 1  # NOT_INITIALIZED
 
-    def setMathMode(self, handle: int, mode: int) -> None:
-        self.math[handle] = mode
+    def _cublasGetVersion_v2(self, h: Any, out: Any) -> int:
+        out._obj.value = 130100
+        return 0
 
-    def getVersion(self, handle: int) -> int:
-        return 130000
+    def _cublasGetStatusName(self, status: int) -> bytes:
+        return f"FAKE_CUBLAS_STATUS_{status}".encode()
 
-    def gemmEx(self, *args: Any) -> None:  # CuPy's names
+    def _cublasGetStatusString(self, status: int) -> bytes:
+        return b"fake status"
+
+    def _cublasSetMathMode(self, h: Any, mode: int) -> int:
+        if _v(h) not in self.math:
+            return 1
+        self.math[_v(h)] = mode
+        return 0
+
+    def _cublasSetStream_v2(self, h: Any, stream: Any) -> int:
+        if _v(h) not in self.math:
+            return 1
+        self.api.stream_by_ptr(_v(stream))
+        self.streams[_v(h)] = _v(stream)
+        self.workspaces.pop(_v(h), None)  # as cuBLAS: back to its own workspace pool
+        return 0
+
+    def _cublasSetWorkspace_v2(self, h: Any, ptr: Any, nbytes: int) -> int:
+        if _v(h) not in self.math:
+            return 1
+        if nbytes:
+            self.api.mem.find(_v(ptr), nbytes)
+        self.workspaces[_v(h)] = (_v(ptr), nbytes)
+        return 0
+
+    def _cublasGemmEx(self, *args: Any) -> int:
         h, ta, tb, m, n, k, alpha, a, at, lda, b, bt, ldb, beta, c, ct, ldc, comp, _ = args
         g = (h, ta, tb, m, n, k, alpha, a, at, lda, 0, b, bt, ldb, 0, beta, c, ct, ldc, 0, 1, comp)
-        self._gemm("gemmEx", *g)
+        return self._gemm("cublasGemmEx", *g)
 
-    def gemmStridedBatchedEx(self, *args: Any) -> None:
-        self._gemm("gemmStridedBatchedEx", *args[:-1])
+    def _cublasGemmStridedBatchedEx(self, *args: Any) -> int:
+        return self._gemm("cublasGemmStridedBatchedEx", *args[:-1])
 
-    def _gemm(self, fn: str, *args: Any) -> None:
+    def _gemm(self, fn: str, *args: Any) -> int:
         (
             h,
             ta,
@@ -209,8 +267,13 @@ class FakeBlas:
             comp,
         ) = args
         api = self.api
+        h, alpha, beta, a, b, c = (_v(x) for x in (h, alpha, beta, a, b, c))
+        if h not in self.math:
+            return 1
+        if fn in self.fail:
+            return self.fail[fn]
         assert at == bt == ct, "mixed GEMM types"
-        assert h in self.streams and h in self.workspaces, "stream and workspace set on the handle"
+        assert ta in (CUBLAS_OP_N, CUBLAS_OP_T) and tb in (CUBLAS_OP_N, CUBLAS_OP_T)
         dt = np.dtype(_BLAS_NP[at])
         allowed = (
             {CUBLAS_COMPUTE_64F}
@@ -218,13 +281,12 @@ class FakeBlas:
             else {CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32}
         )
         assert comp in allowed, (comp, dt)
-        self.calls.append((fn, comp))
         scalar = ctypes.c_double if comp == CUBLAS_COMPUTE_64F else ctypes.c_float
         al = scalar.from_address(alpha).value  # host pointer mode: read when the call is made
         be = scalar.from_address(beta).value
-        ws, wsn = self.workspaces[h]
-        api.mem.find(ws, wsn)
-        stream = api.stream_by_ptr(self.streams[h])
+        stream = api.stream_by_ptr(self.streams.get(h, LEGACY_STREAM))
+        ws = self.workspaces.get(h)
+        self.gemms.append(GemmRecord(fn, stream.ptr, ws, comp, stream.capturing is not None))
 
         def mat(ptr: int, rows: int, cols: int, ld: int, sbatch: int) -> np.ndarray:
             size = dt.itemsize
@@ -253,8 +315,54 @@ class FakeBlas:
                     r = r + ctp(be) * cm.astype(ctp)
             cm[...] = r.astype(dt)
 
-        assert ta in (CUBLAS_OP_N, CUBLAS_OP_T) and tb in (CUBLAS_OP_N, CUBLAS_OP_T)
         stream.submit(op)
+        return 0
+
+
+class FakeCupyCublas:
+    """`cupy.cuda.cublas` as CuPy 14.2 behaves (`cupy_backends/cuda/libs/cublas.pyx`), over the
+    same fake library: `setStream` raises NotImplementedError on a capturing stream, and
+    `gemmEx` / `gemmStridedBatchedEx` first `setStream(handle, current stream)` — the legacy
+    stream here, which also drops the workspace — then call the C function. Code that issues
+    GEMMs through it fails as it would on the device; `calls` names every use."""
+
+    def __init__(self, c: FakeCublasC) -> None:
+        self.c = c
+        self.calls: list[str] = []
+
+    def _check(self, status: int) -> None:
+        if status:
+            raise RuntimeError(f"CUBLAS_STATUS {status}")  # CuPy's CUBLASError
+
+    def create(self) -> int:
+        self.calls.append("create")
+        out = ctypes.c_void_p()
+        self._check(self.c.cublasCreate_v2(ctypes.byref(out)))
+        return int(out.value or 0)
+
+    def setMathMode(self, handle: int, mode: int) -> None:
+        self.calls.append("setMathMode")
+        self._check(self.c.cublasSetMathMode(handle, mode))
+
+    def getVersion(self, handle: int) -> int:
+        self.calls.append("getVersion")
+        return 130100
+
+    def setStream(self, handle: int, stream: int) -> None:
+        self.calls.append("setStream")
+        if self.c.api.stream_by_ptr(stream).capturing is not None:
+            raise NotImplementedError(CUPY_CAPTURE_ERROR)
+        self._check(self.c.cublasSetStream_v2(handle, stream))
+
+    def gemmEx(self, *args: Any) -> None:
+        self.calls.append("gemmEx")
+        self.setStream(args[0], LEGACY_STREAM)  # CuPy's _setStream(handle)
+        self._check(self.c.cublasGemmEx(*args))
+
+    def gemmStridedBatchedEx(self, *args: Any) -> None:
+        self.calls.append("gemmStridedBatchedEx")
+        self.setStream(args[0], LEGACY_STREAM)
+        self._check(self.c.cublasGemmStridedBatchedEx(*args))
 
 
 # -- cuDNN ------------------------------------------------------------------------------------------------
@@ -466,14 +574,24 @@ def _v(x: Any) -> int:
 
 
 class _Fn:
-    """A Python function that tolerates the restype/argtypes CudnnLib sets on it."""
+    """A Python function that tolerates the restype/argtypes a binding sets on it; `strict`
+    checks the arguments against the argtypes as a foreign call would (count, types, and that
+    a C int is not truncated)."""
 
-    def __init__(self, f: Callable[..., Any]) -> None:
+    def __init__(self, f: Callable[..., Any], strict: bool = False) -> None:
         self.f = f
+        self.strict = strict
         self.restype: Any = None
         self.argtypes: Any = None
 
     def __call__(self, *args: Any) -> Any:
+        if self.strict:
+            assert self.argtypes is not None, "prototype not declared"
+            assert len(args) == len(self.argtypes), (len(args), len(self.argtypes))
+            for k, (t, a) in enumerate(zip(self.argtypes, args, strict=True)):
+                t.from_param(a)  # raises ctypes.ArgumentError-like TypeError on a bad type
+                if t is ctypes.c_int and isinstance(a, int):
+                    assert -(2**31) <= a < 2**31, f"argument {k} ({a}) truncated to a C int"
         return self.f(*args)
 
 
@@ -509,11 +627,19 @@ class FakeApi:
     graph_launches: int = 0
     captures: int = 0
     pinned: list[np.ndarray] = field(default_factory=list)
+    log: list[tuple[str, int, int]] = field(default_factory=list)
+    """(call, stream, destination) of every copy, memset and launch; a synchronous cudaMemcpy is
+    on the legacy stream, which a non-blocking stream does not wait for."""
 
     def __post_init__(self) -> None:
-        self.blas = FakeBlas(self)
+        self.legacy = FakeStream(self, LEGACY_STREAM)  # never captures: work on it runs at once
+        self.cublas_c = FakeCublasC(self)
+        self.cublas_lib = CublasLib(self.cublas_c, "fake")
+        self.blas = FakeCupyCublas(self.cublas_c)  # CuPy's module: must stay unused
         self.lib = CudnnLib(FakeCudnnLib(self))
+        self.cudnn_error: Exception | None = None  # raised by cudnn() when set (cuDNN missing)
         self._dnn: int | None = None
+        self._blas: int | None = None
 
     def expect(self, launches: LaunchList) -> None:
         for c in launches.calls:
@@ -548,6 +674,8 @@ class FakeApi:
         return s
 
     def stream_by_ptr(self, ptr: int) -> FakeStream:
+        if ptr == LEGACY_STREAM:
+            return self.legacy
         for s in self.streams:
             if s.ptr == ptr:
                 return s
@@ -577,12 +705,16 @@ class FakeApi:
     def memcpy(self, dst: int, src: int, nbytes: int, kind: int) -> None:
         if any(s.capturing is not None for s in self.streams):
             raise FakeCudaError("synchronous cudaMemcpy while a stream is capturing")
+        self.log.append(("memcpy", LEGACY_STREAM, dst))
         self._copy(dst, src, nbytes, kind)
 
     def memcpy_async(self, dst: int, src: int, nbytes: int, kind: int, stream: FakeStream) -> None:
+        self.log.append(("memcpy_async", stream.ptr, dst))
         stream.submit(lambda: self._copy(dst, src, nbytes, kind))
 
     def memset_async(self, ptr: int, value: int, nbytes: int, stream: FakeStream) -> None:
+        self.log.append(("memset_async", stream.ptr, ptr))
+
         def op() -> None:
             if nbytes:
                 self.mem.bytes(ptr, nbytes)[...] = value
@@ -609,6 +741,7 @@ class FakeApi:
         params: int,
     ) -> None:
         name = self.functions[fn]
+        self.log.append(("launch", stream.ptr, fn))
         calls = self.expected.get(name)
         if not calls:
             raise FakeCudaError(f"launch of {name}, which no expected call uses")
@@ -634,15 +767,17 @@ class FakeApi:
                 return
         raise FakeCudaError(f"launch of {name} with arguments no expected call has: {got}")
 
-    def blas_handle(self, index: int) -> int:
-        if not self.blas.handles:
-            self.blas.create()
-        return 0x5001
+    def cublas(self) -> CublasLib:
+        return self.cublas_lib
 
-    def blas_set_workspace(self, handle: int, ptr: int, nbytes: int) -> None:
-        self.blas.workspaces[handle] = (ptr, nbytes)
+    def blas_handle(self, index: int) -> int:
+        if self._blas is None:
+            self._blas = self.cublas_lib.create_handle()
+        return self._blas
 
     def cudnn(self) -> CudnnLib:
+        if self.cudnn_error is not None:
+            raise self.cudnn_error
         return self.lib
 
     def cudnn_handle(self, index: int) -> int:

@@ -5,6 +5,8 @@ about 1 GB, so CI does not install it) but no GPU: they skip, saying so, where i
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,9 +20,11 @@ from kn_cuda_eval.cudnn import (
     CudnnLib,
     TensorDescriptor,
     conv_output_dims,
+    load_cudnn,
 )
 from kn_cuda_eval.cudnn.lib import DataType
 from kn_graph import DType, Graph, Shape
+from kn_graph.errors import CudaUnavailableError
 from tests.cuda_eval.corpus import FIXTURES, datasets, load
 
 
@@ -107,6 +111,100 @@ def test_geometry_lifts_1d_convolutions_to_2d() -> None:
     assert geo.x_dims == (2, 4, 1, 11) and geo.w_dims == (8, 4, 1, 3) and geo.y_dims == (2, 8, 1, 6)
     assert geo.pads == (0, 1) and geo.strides == (1, 2) and geo.dilations == (1, 1)
     assert geo.x_strides == (44, 11, 11, 1)
+
+
+# -- finding the library ---------------------------------------------------------------------------------
+class _Loader:
+    """Stands in for ctypes.CDLL: only the paths in `files` load (as a FakeCudnn)."""
+
+    def __init__(self, *files: str) -> None:
+        self.files = set(files)
+        self.tried: list[str] = []
+
+    def __call__(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        self.tried.append(str(path))
+        if str(path) not in self.files:
+            raise OSError(f"{path}: cannot open shared object file")
+        return FakeCudnn()
+
+
+@pytest.fixture
+def finder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """A fresh lookup with a cuda.pathfinder that behaves like 1.3.4-1.6 (it does not know
+    cuDNN), an `nvidia.cudnn` package without the library (lib/ empty) first on sys.path, and
+    no CUDNN_PATH; the test adds what it needs."""
+    import cuda.pathfinder as pf
+
+    def old_pathfinder(name: str) -> Any:
+        raise pf.DynamicLibUnknownError(f"Unknown library name: '{name}'")
+
+    monkeypatch.setattr(pf, "load_nvidia_dynamic_lib", old_pathfinder)
+    (tmp_path / "site" / "nvidia" / "cudnn" / "lib").mkdir(parents=True)
+    (tmp_path / "site" / "nvidia" / "cudnn" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delenv("CUDNN_PATH", raising=False)
+    load_cudnn.cache_clear()
+    yield tmp_path
+    load_cudnn.cache_clear()
+
+
+def test_an_old_pathfinder_falls_back_to_the_wheel(
+    finder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = finder / "site" / "nvidia" / "cudnn" / "lib" / "libcudnn.so.9"
+    wheel.write_bytes(b"")
+    loader = _Loader(str(wheel))
+    monkeypatch.setattr(ctypes, "CDLL", loader)
+    assert isinstance(load_cudnn().lib, FakeCudnn)
+    assert loader.tried == [str(wheel)]  # the pathfinder's refusal cost nothing else
+
+
+def test_then_cudnn_path_then_the_system_soname(
+    finder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = finder / "cudnn-9"
+    (root / "lib64").mkdir(parents=True)
+    (root / "lib64" / "libcudnn.so.9").write_bytes(b"")
+    monkeypatch.setenv("CUDNN_PATH", str(root))
+    loader = _Loader(str(root / "lib64" / "libcudnn.so.9"))
+    monkeypatch.setattr(ctypes, "CDLL", loader)
+    load_cudnn()
+    assert loader.tried == [str(root / "lib64" / "libcudnn.so.9")]
+    load_cudnn.cache_clear()
+    monkeypatch.delenv("CUDNN_PATH")
+    loader = _Loader("libcudnn.so.9")
+    monkeypatch.setattr(ctypes, "CDLL", loader)
+    load_cudnn()
+    assert loader.tried == ["libcudnn.so.9"]
+
+
+def test_a_missing_cudnn_names_every_place_searched(
+    finder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ctypes, "CDLL", _Loader())
+    with pytest.raises(CudaUnavailableError) as err:
+        load_cudnn()
+    msg = str(err.value)
+    for part in (
+        "cuda.pathfinder: DynamicLibUnknownError: Unknown library name: 'cudnn'",
+        "the nvidia.cudnn wheel: FileNotFoundError: no lib/libcudnn.so.9 in",
+        "$CUDNN_PATH: FileNotFoundError: CUDNN_PATH is not set",
+        "the system: OSError: libcudnn.so.9: cannot open shared object file",
+    ):
+        assert part in msg, msg
+
+
+def test_a_pathfinder_that_knows_cudnn_is_asked_first(
+    finder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cuda.pathfinder as pf
+
+    found = pf.LoadedDL("/opt/wheels/nvidia/cudnn/lib/libcudnn.so.9", False, 0, "site-packages")
+    monkeypatch.setattr(pf, "load_nvidia_dynamic_lib", lambda name: found)
+    loader = _Loader(str(found.abs_path))
+    monkeypatch.setattr(ctypes, "CDLL", loader)
+    load_cudnn()
+    assert loader.tried == [found.abs_path]
 
 
 # -- the real library (host side only) ----------------------------------------------------------------

@@ -190,7 +190,7 @@ def test_gemm_compute_types() -> None:
         g.add_output(g.matmul(a, b), "c")
         (call,) = [x for x in bind(plan(g), ExecutorSettings(tf32=tf32)).calls]
         assert isinstance(call, c.GemmCall) and call.compute_type == want, dt
-        assert call.function == "gemmEx" and call.scalar == (
+        assert call.function == "cublasGemmEx" and call.scalar == (
             np.float64 if dt is DType.F64 else np.float32
         )
 

@@ -1,7 +1,8 @@
 """`CupyApi` — the thin layer the fake device replaces in the other tests — checked on the CPU:
-every CuPy runtime, driver and cuBLAS call it makes goes through a proxy that compares the
-argument count with the signature CuPy documents, and every CuPy object it touches exists with
-the parameters it passes. (Calls that need a GPU to *run* are checked on one by -m cuda.)"""
+every CuPy runtime and driver call it makes goes through a proxy that compares the argument
+count with the signature CuPy documents, every CuPy object it touches exists with the parameters
+it passes, and cuBLAS is bound through ctypes on the library CuPy loaded (never CuPy's GEMM
+wrappers). (Calls that need a GPU to *run* are checked on one by -m cuda.)"""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from kn_cuda_eval.device.api import D2D, D2H, H2D, CupyApi, _find_set_workspace
+from kn_cuda_eval.device.api import D2D, D2H, H2D, CupyApi
+from kn_cuda_eval.device.cublas import PROTOTYPES, CublasLib, _loaded_paths
 from kn_graph.errors import CudaUnavailableError
+from tests.cuda_eval.fake_device import FakeApi, FakeCublasC
 
 
 def _api() -> CupyApi:
@@ -75,7 +78,8 @@ def test_runtime_driver_and_cublas_calls_match_cupys_signatures() -> None:
     api = _api()
     api.rt = Checked(api.rt, {"getDeviceCount": 1, "getDeviceProperties": {"name": b"H200"}})
     api.driver = Checked(api.driver)
-    api.blas = Checked(api.blas, {"create": 7})
+    blas = FakeCublasC(FakeApi())
+    api.cublas = lambda: CublasLib(blas)  # type: ignore[method-assign]
     assert api.problem(0) is None
     assert api.problem(2) == "there is no CUDA device 2 (1 found)"
     assert api.device_name(0) == "H200"
@@ -85,11 +89,11 @@ def test_runtime_driver_and_cublas_calls_match_cupys_signatures() -> None:
     api.memcpy_async(1, 2, 3, D2D, s)  # type: ignore[arg-type]
     api.memset_async(1, 0xFF, 3, s)  # type: ignore[arg-type]
     api.launch(9, (4, 1, 1), (256, 1, 1), 0, s, 1234)  # type: ignore[arg-type]
-    assert api.blas_handle(0) == 7 and api.blas_handle(0) == 7  # one per device and thread
-    names = [n for n, _ in api.rt.calls + api.driver.calls + api.blas.calls]  # type: ignore[attr-defined]
+    assert api.blas_handle(0) == 0x5001 and api.blas_handle(0) == 0x5001  # one per device+thread
+    assert blas.math == {0x5001: 0}  # created once, default math (F32 stays F32)
+    names = [n for n, _ in api.rt.calls + api.driver.calls]  # type: ignore[attr-defined]
     assert names.count("memcpyAsync") == 2 and "memsetAsync" in names and "memcpy" in names
     assert ("launchKernel", (9, 4, 1, 1, 256, 1, 1, 0, 0x77, 1234, 0)) in api.driver.calls  # type: ignore[attr-defined]
-    assert api.blas.calls == [("create", ()), ("setMathMode", (7, 0))]  # type: ignore[attr-defined]
 
 
 @pytest.mark.cuda  # needs CuPy's CUDA libraries (cuBLAS), which CI does not install
@@ -111,16 +115,33 @@ def test_the_cupy_objects_the_api_uses_exist() -> None:
     assert hasattr(cp.cuda.Device, "compute_capability")
     for f in ("asarray", "from_dlpack", "ascontiguousarray", "empty", "ndarray"):
         assert hasattr(cp, f), f
-    for f in ("gemmEx", "gemmStridedBatchedEx", "getVersion"):
-        assert hasattr(api.blas, f), f
     for f in ("driverGetVersion", "runtimeGetVersion", "memGetInfo"):
         assert hasattr(api.rt, f), f
 
 
 @pytest.mark.cuda  # needs CuPy's CUDA libraries (cuBLAS), which CI does not install
-def test_cublas_set_workspace_is_found_on_cupys_own_library() -> None:
-    _api()  # CupyApi imports cupy.cuda.cublas, which loads libcublas
-    fn = _find_set_workspace()
-    if fn is None:
-        pytest.skip("libcublas is not loaded here")
-    assert [t.__name__ for t in fn.argtypes] == ["c_void_p", "c_void_p", "c_ulong"]
+def test_cublas_is_bound_on_cupys_own_library() -> None:
+    api = _api()
+    try:
+        lib = api.cublas()  # imports cupy.cuda.cublas first: CuPy loads libcublas
+    except CudaUnavailableError as e:
+        pytest.skip(f"libcublas is not loadable here: {e}")
+    from pathlib import Path
+
+    assert lib.path in _loaded_paths(Path("/proc/self/maps").read_text())
+    for name in PROTOTYPES:  # every declared prototype is exported (CublasLib looked them up)
+        assert getattr(lib.lib, name).argtypes is not None, name
+    assert "CUBLAS_STATUS_INVALID_VALUE" in lib.status_text(7)
+
+
+def test_only_libcublas_itself_counts_as_loaded() -> None:
+    maps = "\n".join(
+        [
+            "7f00-7f10 r-xp 00000000 08:01 12 /sp/nvidia/cu13/lib/libcublasLt.so.13",
+            "7f10-7f20 r-xp 00000000 08:01 13 /sp/nvidia/cu13/lib/libcublas.so.13",
+            "7f20-7f30 r--p 00010000 08:01 13 /sp/nvidia/cu13/lib/libcublas.so.13",
+            "7f30-7f40 rw-p 00000000 00:00 0 [heap]",
+            "7f40-7f50 r-xp 00000000 08:01 14 /usr/lib/libcublas.so",
+        ]
+    )
+    assert _loaded_paths(maps) == ["/sp/nvidia/cu13/lib/libcublas.so.13", "/usr/lib/libcublas.so"]

@@ -5,6 +5,7 @@ through the executor on the fake device: see helpers.check_device.)"""
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import numpy as np
@@ -135,7 +136,7 @@ def test_f32_stays_f32_unless_tf32_is_asked_for(tf32: bool) -> None:
     ex, fake = _executor(_mixed_graph(), tf32=tf32)
     ex.eval([_x()])
     want_gemm = CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 else CUBLAS_COMPUTE_32F
-    assert [comp for _, comp in fake.blas.calls] == [want_gemm]
+    assert [r.compute for r in fake.cublas_c.gemms] == [want_gemm]
     conv_math = fake.lib.lib.convs[0]["math"]
     assert conv_math == int(MathType.TENSOR_OP if tf32 else MathType.FMA)
 
@@ -204,3 +205,100 @@ def test_a_refused_conv_algorithm_falls_back(caplog: pytest.LogCaptureFixture) -
     assert ex._convs[0].algo is ConvFwdAlgo.IMPLICIT_PRECOMP_GEMM and ex.uses_cuda_graph
     assert sum("refused WINOGRAD_NONFUSED" in r.message for r in caplog.records) == 1
     assert "algo=implicit_precomp_gemm" in ex.profile([_x()]).rows[0].call
+
+
+# -- cuBLAS through its C API, captured with everything else ------------------------------------
+def _matmul_graph(batch: int) -> Graph:
+    g = Graph()
+    a = g.input(Shape.of(batch, 5, 7), DType.F32, "a")
+    b = g.input(Shape.of(batch, 7, 3), DType.F32, "b")
+    g.add_output(g.relu(g.matmul(a, b)), "c")
+    return g
+
+
+@pytest.mark.parametrize(
+    ("batch", "function"), [(1, "cublasGemmEx"), (3, "cublasGemmStridedBatchedEx")]
+)
+def test_gemms_run_on_the_executor_stream_and_are_captured(batch: int, function: str) -> None:
+    """CuPy 14.2's wrappers (modelled by the fake) would refuse the capture (setStream raises on
+    a capturing stream) and run every eager GEMM on the legacy stream without our workspace."""
+    ex, fake = _executor(_matmul_graph(batch))
+    a = RNG.standard_normal((batch, 5, 7)).astype(np.float32)
+    b = RNG.standard_normal((batch, 7, 3)).astype(np.float32)
+    want = np.maximum(np.matmul(a.astype(np.float64), b), 0).astype(np.float32)
+    for _ in range(4):  # the warm-up, the capture (and its replay), two replays
+        _same(ex.eval([a, b]), [want])
+    assert ex.uses_cuda_graph and ex.graph_error is None
+    lay = ex.launches.layout
+    workspace = (ex._base + lay.cublas_workspace, lay.cublas_workspace_size)
+    assert [(g.function, g.stream, g.workspace, g.captured) for g in fake.cublas_c.gemms] == [
+        (function, ex._stream.ptr, workspace, False),  # the warm-up
+        (function, ex._stream.ptr, workspace, True),  # recorded into the graph
+    ]
+    assert fake.graph_launches == 3 and fake.blas.calls == []
+
+
+def test_a_failed_gemm_status_is_an_error_naming_the_step() -> None:
+    ex, fake = _executor(_matmul_graph(3))
+    fake.cublas_c.fail["cublasGemmStridedBatchedEx"] = 13
+    a, b = np.ones((3, 5, 7), np.float32), np.ones((3, 7, 3), np.float32)
+    with pytest.raises(
+        EvaluationError,
+        match=r"step 0 \(cublasGemmStridedBatchedEx NN m=3 n=5 k=7 batch=3 f32\): "
+        r"cublasGemmStridedBatchedEx failed with status 13 \(FAKE_CUBLAS_STATUS_13 fake status\)",
+    ):
+        ex.eval([a, b])
+    del fake.cublas_c.fail["cublasGemmStridedBatchedEx"]
+    _same(ex.eval([a, b]), [np.full((3, 5, 3), 7, np.float32)])
+
+
+# -- ordering: constants before the first kernel, close() waits --------------------------------
+def test_constants_are_uploaded_on_the_executor_stream_before_any_kernel() -> None:
+    ex, fake = _executor(_mixed_graph())
+    assert fake.streams[0].pending == 0  # the uploads were waited for in the constructor
+    x = _x()
+    _same(ex.eval([x]), emulate(ex.plan, [x]))
+    stream = ex._stream.ptr
+    consts = {ex._base + off for off, data in ex.plan.constants if data.nbytes}
+    assert consts
+    first_launch = next(k for k, (call, _, _) in enumerate(fake.log) if call == "launch")
+    copies = [(k, call, s) for k, (call, s, dst) in enumerate(fake.log) if dst in consts]
+    uploads = [u for u in copies if u[1] in ("memcpy", "memcpy_async")]
+    assert len(uploads) == len(consts)
+    assert {s for _, _, s in uploads} == {stream}  # never a synchronous (legacy-stream) memcpy
+    assert all(k < first_launch for k, _, _ in uploads)
+
+
+def test_close_waits_for_the_work_in_flight() -> None:
+    ex, fake = _executor(_mixed_graph())
+    ex.eval([_x()])
+    ex.run_device(sync=False)
+    assert fake.streams[0].pending > 0
+    ex.close()
+    assert fake.streams[0].pending == 0
+
+
+# -- cuDNN only where a plan has convolutions ---------------------------------------------------
+def test_a_missing_cudnn_fails_only_plans_with_convolutions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    missing = CudaUnavailableError("cuDNN (libcudnn.so.9) could not be loaded: nowhere")
+    fake = FakeApi()
+    fake.cudnn_error = missing
+    ex = CudaExecutor(_matmul_graph(2), api=fake)  # no convolution: cuDNN is never asked for
+    fake.expect(ex.launches)
+    a, b = np.ones((2, 5, 7), np.float32), np.ones((2, 7, 3), np.float32)
+    _same(ex.eval([a, b]), [np.full((2, 5, 3), 7, np.float32)])
+    with pytest.raises(
+        CudaUnavailableError,
+        match=r"step 0 \(cudnnConvolutionBiasActivationForward x=\[2, 4, 9, 9\] .*\) needs "
+        r"cuDNN: cuDNN \(libcudnn.so.9\) could not be loaded: nowhere",
+    ):
+        CudaExecutor(_mixed_graph(), api=fake)
+    probe_module = importlib.import_module("kn_cuda_eval.device.probe")  # the function shadows it
+
+    monkeypatch.setattr(probe_module, "_api", lambda: fake)
+    assert probe_module.probe(0) is None  # the device itself is usable
+    assert probe_module.cudnn_problem() == f"cuDNN is not usable: CudaUnavailableError: {missing}"
+    fake.cudnn_error = None
+    assert probe_module.cudnn_problem() is None

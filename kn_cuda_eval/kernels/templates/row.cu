@@ -1,7 +1,8 @@
 $PRELUDE$
 
-// $TPR$ threads per row, 256 / $TPR$ rows per block. Every thread of a row group joins each
-// group reduction (inactive rows too), so shuffles and barriers stay uniform.
+// $TPR$ threads per row, 256 / $TPR$ rows per block; a block strides over row groups when the
+// grid is capped. Every thread of a row group joins each group reduction (inactive rows too),
+// and the trip count depends on blockIdx only, so shuffles and barriers stay uniform.
 #define TPR $TPR$
 #define RPB (256 / TPR)
 
@@ -51,8 +52,10 @@ template <typename T> __device__ __forceinline__ void kn_group_arg(T& v, long lo
 extern "C" __global__ void __launch_bounds__(256) $NAME$(
     $PARAMS$)
 {
-    const kn_idx row = (kn_idx)blockIdx.x * RPB + threadIdx.x / TPR;
     const int lane = threadIdx.x % TPR;
-    const bool active = row < rows;
+    for (kn_idx first = (kn_idx)blockIdx.x * RPB; first < rows; first += (kn_idx)gridDim.x * RPB) {
+        const kn_idx row = first + threadIdx.x / TPR;
+        const bool active = row < rows;
 $BODY$
+    }
 }
