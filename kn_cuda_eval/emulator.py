@@ -25,7 +25,7 @@ from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, InputMismatchError
 from kn_graph.ops import ReduceOp
 
-__all__ = ["emulate"]
+__all__ = ["emulate", "emulate_step", "load_arena", "view_array"]
 
 
 def _nd(arena: np.ndarray, v: StridedView) -> np.ndarray:
@@ -61,6 +61,17 @@ def emulate(
     plan: Plan, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
 ) -> list[np.ndarray]:
     """Execute `plan` on the CPU; returns the outputs as fresh arrays."""
+    arena = load_arena(plan, inputs)
+    for k, s in enumerate(plan.steps):
+        emulate_step(arena, k, s)
+    return [np.array(_nd(arena, v)) for v in plan.outputs]
+
+
+def load_arena(
+    plan: Plan, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
+) -> np.ndarray:
+    """The arena before the first step: 0xFF everywhere, then the constants, the inputs and a
+    zero status word (what `emulate` starts from; the host kernel check steps through it)."""
     if isinstance(inputs, Mapping):
         missing = [n for n in plan.input_names if n not in inputs]
         if missing:
@@ -99,14 +110,20 @@ def emulate(
             )
         _store(arena, v, a)
     _store(arena, plan.status, np.zeros((), np.uint32))
-    for k, s in enumerate(plan.steps):
-        try:
-            _step(arena, s)
-        except EvaluationError as e:
-            raise EvaluationError(f"step {k} ({s.describe()}): {e}") from None
-        except MemoryError as e:  # the estimate was short: still ours, naming the step
-            raise EvaluationError(f"step {k} ({s.describe()[:200]}): out of memory: {e}") from e
-    return [np.array(_nd(arena, v)) for v in plan.outputs]
+    return arena
+
+
+view_array = _nd
+
+
+def emulate_step(arena: np.ndarray, k: int, s: st.Step) -> None:
+    """Execute step `k` of a plan over `arena`; errors name the step."""
+    try:
+        _step(arena, s)
+    except EvaluationError as e:
+        raise EvaluationError(f"step {k} ({s.describe()}): {e}") from None
+    except MemoryError as e:  # the estimate was short: still ours, naming the step
+        raise EvaluationError(f"step {k} ({s.describe()[:200]}): out of memory: {e}") from e
 
 
 def _gib(n: int) -> str:

@@ -40,6 +40,7 @@ from kn_graph.ops import (
     Concat,
     Constant,
     Conv,
+    Dynamic,
     Gather,
     Input,
     Iota,
@@ -525,6 +526,11 @@ class _Planner:
                     None if mask is None else mask.index,
                     scale,
                     causal,
+                )
+            case Dynamic():
+                raise PlanError(
+                    f"{self.g.format_value(self.val(i))}: a data-dependent op; such graphs run "
+                    "in segments (kn_cuda_eval.segments, which Device.cuda().prepare uses)"
                 )
             case _:
                 assert_never(op)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from typing import Any, assert_never
 import numpy as np
 import scipy.special
 
+from kn_graph.dynamic import bind_results, run_dynamic
 from kn_graph.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -39,6 +40,7 @@ from kn_graph.ops import (
     Constant,
     Conv,
     ConvDetails,
+    Dynamic,
     Gather,
     Input,
     Iota,
@@ -136,8 +138,11 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
     budget = available_bytes()  # less what this evaluation holds (`held`, owned arrays only)
     held = 0
     owned = [0] * len(infos)
+    memo: dict[Dynamic, list[np.ndarray]] = {}  # the results of each Dynamic op
     for i, info in enumerate(infos):
         try:
+            if isinstance(info.op, Dynamic):
+                bindings = _run_dynamic(graph, info.op, env, bindings, memo)
             shape = info.shape.eval(bindings)
             if isinstance(info.op, Iota):  # one arange along the axis, broadcast
                 need = (shape[info.op.axis] if 0 not in shape else 0) * info.dtype.size
@@ -148,7 +153,7 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
                     f"needs {need / 2**30:.3g} GiB for this value, have "
                     f"{max(budget - held, 0) / 2**30:.3g} GiB available"
                 )
-            result = _compute(info, shape, env, arrays, bindings)
+            result = _compute(info, shape, env, arrays, bindings, memo)
         except (EvaluationError, ShapeMismatchError) as e:  # an op's own check, an unbound symbol
             raise type(e)(f"while computing {graph.format_value(graph.value(i))}: {e}") from e
         except KnError:
@@ -176,8 +181,38 @@ def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> lis
     ]  # writable copies, never views of constants
 
 
-_FREE_OPS = (Input, Constant, View, Broadcast, Permute, Slice, Iota)
-"""Ops whose results are views (or given): no new memory."""
+_FREE_OPS = (Input, Constant, View, Broadcast, Permute, Slice, Iota, Dynamic)
+"""Ops whose results are views (or given, or computed before the memory check): no new
+memory at the check."""
+
+
+def _run_graph(graph: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    return evaluate(graph, inputs)
+
+
+def _run_dynamic(
+    graph: Graph,
+    op: Dynamic,
+    env: list[np.ndarray | None],
+    bindings: dict[str, int],
+    memo: dict[Dynamic, list[np.ndarray]],
+) -> dict[str, int]:
+    """Run a Dynamic op once for all its results (memoised), bind the run-time symbols of its
+    sizes and check the guards that mention them."""
+    key = op.key
+    if key in memo:
+        return bindings
+    args = []
+    for x in op.args:
+        a = env[x.index]
+        assert a is not None, "value used after it was freed"
+        args.append(a)
+    results = run_dynamic(op, args, bindings, _run_graph)
+    memo[key] = results
+    new = bind_results(op, results, bindings)
+    if new.keys() != bindings.keys():
+        graph.check_bindings(new)
+    return new
 
 
 def _compute(
@@ -186,6 +221,7 @@ def _compute(
     env: list[np.ndarray | None],
     inputs: list[np.ndarray],
     bindings: dict[str, int],
+    memo: dict[Dynamic, list[np.ndarray]],
 ) -> np.ndarray:
     def get(x: object) -> np.ndarray:
         a = env[x.index]  # type: ignore[attr-defined]
@@ -251,6 +287,8 @@ def _compute(
             return _attention(
                 get(q), get(k), get(v), None if mask is None else get(mask), scale, causal
             )
+        case Dynamic():
+            return memo[info.op.key][info.op.output]
         case _:
             assert_never(info.op)  # type: ignore[arg-type]
 

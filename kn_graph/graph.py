@@ -19,6 +19,7 @@ outputs: %8 "y"
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from kn_graph.ops import (
     Constant,
     Conv,
     ConvDetails,
+    Dynamic,
     Gather,
     Input,
     Iota,
@@ -60,6 +62,11 @@ from kn_graph.shape import Guard, Shape, Size, SizeLike, _Node, check_guards
 __all__ = ["Graph", "ValueInfo", "broadcast_shapes", "slice_bounds"]
 
 _graph_ids = itertools.count()
+
+
+def _no_subgraphs(graph: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    raise GraphError("internal: a dynamic op without subgraphs ran one")
+
 
 Operand = Value | float | int | bool
 
@@ -178,6 +185,8 @@ class Graph(NNBuilders):
         self.where = ""
         """Where new values come from (the loader sets the node), for guard messages."""
         self.equate: Equate | None = None
+        self._runtime_symbols: tuple[int, frozenset[str]] = (-1, frozenset())
+        self._fresh_names: set[str] = set()
         """How two symbolic sizes that must be equal become one (the ONNX loader records a
         guard or unifies symbols); None: they must be identical, else GraphError."""
 
@@ -272,9 +281,47 @@ class Graph(NNBuilders):
         return out
 
     def check_bindings(self, bindings: Mapping[str, int]) -> None:
-        """Raise ShapeMismatchError when the bindings violate one of the graph's guards."""
-        if self.guards:
-            check_guards(self.guards, bindings, self.symbol_origins())
+        """Raise ShapeMismatchError when the bindings violate one of the graph's guards; a guard
+        on a run-time symbol not bound yet waits until an executor binds it."""
+        if not self.guards:
+            return
+        guards = self.guards
+        late = self.runtime_symbols - bindings.keys()
+        if late:
+            guards = [g for g in guards if not (g.lhs.symbols | g.rhs.symbols) & late]
+        check_guards(guards, bindings, self.symbol_origins())
+
+    @property
+    def runtime_symbols(self) -> frozenset[str]:
+        """Size symbols bound while evaluating (result sizes of Dynamic ops), not by inputs."""
+        n = len(self._infos)
+        if self._runtime_symbols[0] != n:
+            inputs: set[str] = set()
+            for v in self.inputs:
+                inputs |= self[v].shape.symbols
+            found: set[str] = set()
+            for info in self._infos:
+                if isinstance(info.op, Dynamic):
+                    found |= info.shape.symbols
+            self._runtime_symbols = (n, frozenset(found - inputs))
+        return self._runtime_symbols[1]
+
+    @property
+    def has_dynamic(self) -> bool:
+        """Whether some value is a Dynamic op (data-dependent sizes or control flow)."""
+        return any(isinstance(info.op, Dynamic) for info in self._infos)
+
+    def fresh_symbol(self, hint: str) -> Size:
+        """A size symbol no value of this graph uses yet, named `hint` plus a number."""
+        used: set[str] = set()
+        for info in self._infos:
+            used |= info.shape.symbols
+        used |= self._fresh_names
+        k = 0
+        while f"{hint}{k}" in used:
+            k += 1
+        self._fresh_names.add(f"{hint}{k}")
+        return Size.sym(f"{hint}{k}")
 
     def guard_equal(self, a: Size, b: Size, what: str) -> Size:
         """An `equate` policy: record the guard `a == b` and use `a` (what a loaded graph keeps,
@@ -881,6 +928,36 @@ class Graph(NNBuilders):
             )
         op = Attention(q, k, v, mask, float(scale), bool(causal))
         return self._push(Shape.of(b, m, vi.shape[2]), qi.dtype, op)
+
+    def dynamic(
+        self,
+        kind: str,
+        args: Sequence[Value],
+        params: Sequence[object],
+        shapes: Sequence[Shape],
+        dtypes: Sequence[DType],
+    ) -> list[Value]:
+        """The results of a data-dependent op (`kn_graph.dynamic`), one value each. Sizes that
+        are only known once it ran are fresh symbols (`fresh_symbol`) in `shapes`. With every
+        argument a constant, a kind without subgraphs is computed now: constants come back."""
+        from kn_graph.dynamic import CONTROL, KINDS, run_dynamic
+
+        if kind not in KINDS:
+            raise GraphError(f"dynamic: unknown kind '{kind}'")
+        args = tuple(self.check(a) for a in args)
+        shapes = tuple(s if isinstance(s, Shape) else Shape.from_seq(s) for s in shapes)
+        op = Dynamic(kind, args, tuple(params), shapes, tuple(dtypes))
+        if len(op.shapes) != len(op.dtypes) or not op.shapes:
+            raise GraphError(f"dynamic {kind}: {len(shapes)} shapes for {len(dtypes)} dtypes")
+        consts = [self.const_value(a) for a in args]
+        if kind not in CONTROL and all(c is not None for c in consts):
+            results = run_dynamic(op, consts, {}, _no_subgraphs)  # type: ignore[arg-type]
+            return [self.constant(r) for r in results]
+        return [self.dynamic_result(dataclasses.replace(op, output=j)) for j in range(len(shapes))]
+
+    def dynamic_result(self, op: Dynamic) -> Value:
+        """The value of result `op.output` of `op` (operands already in this graph)."""
+        return self._push(op.shapes[op.output], op.dtypes[op.output], op)
 
     def reduce(self, x: Value, axes: Sequence[int], op: ReduceOp, keepdims: bool = False) -> Value:
         info = self[x]

@@ -15,7 +15,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from kn_graph.shape import Size
+from kn_graph.dtype import DType
+from kn_graph.shape import Shape, Size
 
 __all__ = [
     "Attention",
@@ -26,6 +27,7 @@ __all__ = [
     "Constant",
     "Conv",
     "ConvDetails",
+    "Dynamic",
     "Gather",
     "Input",
     "Iota",
@@ -520,3 +522,32 @@ class Attention(Op):
 
     def attrs(self) -> str:
         return f"scale={self.scale:g}" + (" causal" if self.causal else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Dynamic(Op):
+    """An op whose result sizes or control flow depend on data: NonZero, TopK, NMS, Unique, and
+    If / Loop / Scan over subgraphs (`kn_graph.dynamic` has one entry per `kind`). Executors run
+    it on whole arrays and bind the run-time size symbols of its declared result `shapes` from
+    what it returns. All results are computed at once; each result is one graph value, the node
+    whose `output` names it (the nodes of one op share every other field)."""
+
+    kind: str
+    args: tuple[Value, ...]
+    params: tuple[object, ...]
+    shapes: tuple[Shape, ...]
+    dtypes: tuple[DType, ...]
+    output: int = 0
+    OPERANDS: ClassVar[tuple[str, ...]] = ("args",)
+    NAME: ClassVar[str] = "dynamic"
+
+    def attrs(self) -> str:
+        from kn_graph.dynamic import describe_params  # the kinds live there
+
+        out = f" -> {self.output}/{len(self.shapes)}" if len(self.shapes) > 1 else ""
+        return f"{self.kind}{describe_params(self)}{out}"
+
+    @property
+    def key(self) -> Dynamic:
+        """The op with `output` 0: equal for every result of one op (an executor's memo key)."""
+        return self if self.output == 0 else dataclasses.replace(self, output=0)

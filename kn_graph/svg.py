@@ -33,6 +33,7 @@ from kn_graph.ops import (
     Concat,
     Constant,
     Conv,
+    Dynamic,
     Gather,
     Input,
     Iota,
@@ -61,6 +62,7 @@ FAMILY_COLORS: dict[str, str] = {
     "matmul / conv": "#fdae6b",
     "reduce / norm": "#dadaeb",
     "attention": "#fb6a4a",
+    "dynamic": "#fdd0a2",
 }
 """Fill color of each op family, in legend order."""
 
@@ -86,6 +88,8 @@ def family(op: Op) -> str:
             return "reduce / norm"
         case Attention():
             return "attention"
+        case Dynamic():
+            return "dynamic"
         case _:
             assert_never(op)  # type: ignore[arg-type]
 

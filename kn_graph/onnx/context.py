@@ -38,6 +38,7 @@ __all__ = [
     "Known",
     "NodeContext",
     "Result",
+    "Seq",
     "onnx_dtype",
     "onnx_op",
 ]
@@ -128,7 +129,17 @@ def _fold_constant(g: Graph, v: Value) -> np.ndarray | Value | None:
         return None
 
 
-Result = Value | Known
+@dataclass(frozen=True, slots=True, eq=False)
+class Seq:
+    """An ONNX sequence whose length is known at load time: its elements, each a Result
+    (SequenceConstruct, SplitToSequence, ... build these; ConcatFromSequence reads them).
+    `dtype` is the element type (needed for an empty sequence)."""
+
+    items: tuple[Value | Known | Seq, ...]
+    dtype: DType | None = None
+
+
+Result = Value | Known | Seq
 Handler = Callable[["NodeContext"], Result | Sequence[Result | None]]
 HANDLERS: dict[str, Handler] = {}
 
@@ -197,6 +208,11 @@ class NodeContext:
         """Refuse what only fixed sizes allow: the loader then specializes on input shapes."""
         raise SymbolicSizeError(self.name, self.op_type, detail)
 
+    @property
+    def in_subgraph(self) -> bool:
+        """Whether the node belongs to a subgraph loaded as a graph of its own (a Loop body)."""
+        return bool(self.loader._outer)
+
     # -- inputs ---------------------------------------------------------------------------------
     @property
     def num_inputs(self) -> int:
@@ -216,8 +232,15 @@ class NodeContext:
 
     def input(self, i: int) -> Value:
         """Input i as a graph value (a Known is materialised as a constant or size expression)."""
-        r = self.raw_input(i)
+        r = self.tensor_input(i)
         return self.materialize(r) if isinstance(r, Known) else r
+
+    def tensor_input(self, i: int) -> Value | Known:
+        """Input i, which must be a tensor (not a sequence)."""
+        r = self.raw_input(i)
+        if isinstance(r, Seq):
+            self.unsupported(f"input {i} ('{self.node.input[i]}') is a sequence, not a tensor")
+        return r
 
     def optional_input(self, i: int) -> Value | None:
         return self.input(i) if self.has_input(i) else None
@@ -227,7 +250,7 @@ class NodeContext:
 
     def input_known(self, i: int) -> Known | None:
         """Input i as a Known when its value is known at load time (constant, shape tensor)."""
-        r = self.raw_input(i)
+        r = self.tensor_input(i)
         if isinstance(r, Known):
             return r
         arr = self.graph.const_value(r)
@@ -237,7 +260,7 @@ class NodeContext:
 
     def input_static(self, i: int, what: str) -> np.ndarray:
         """The concrete value of input i, which must be known at load time and free of symbols."""
-        r = self.raw_input(i)
+        r = self.tensor_input(i)
         if isinstance(r, Known):
             if r.is_symbolic:
                 self.unsupported(f"{what} (input {i}) depends on symbolic sizes {r.data.tolist()}")
@@ -260,7 +283,7 @@ class NodeContext:
 
     def input_sizes(self, i: int, what: str) -> list[Size]:
         """Input i as a list of (possibly symbolic) sizes, e.g. the target of a Reshape."""
-        r = self.raw_input(i)
+        r = self.tensor_input(i)
         if isinstance(r, Known):
             return r.sizes()
         arr = np.asarray(self.input_static(i, what))
@@ -269,13 +292,13 @@ class NodeContext:
         return [Size(int(x)) for x in arr.reshape(-1)]
 
     def input_shape(self, i: int) -> Shape:
-        r = self.raw_input(i)
+        r = self.tensor_input(i)
         if isinstance(r, Known):
             return Shape.of(*r.shape)
         return self.graph[r].shape
 
     def input_dtype(self, i: int) -> DType:
-        r = self.raw_input(i)
+        r = self.tensor_input(i)
         return r.dtype if isinstance(r, Known) else self.graph[r].dtype
 
     def input_rank(self, i: int) -> int:

@@ -8,6 +8,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from kn_graph.errors import (
     UnsupportedOnnxError,
 )
 from kn_graph.graph import Graph
-from kn_graph.onnx.context import HANDLERS, MAX_RANK, Known, NodeContext, Result, onnx_dtype
+from kn_graph.onnx.context import HANDLERS, MAX_RANK, Known, NodeContext, Result, Seq, onnx_dtype
 from kn_graph.ops import Constant, Tensor, Value
 from kn_graph.shape import BATCH, Shape, Size, SizeLike
 
@@ -384,6 +385,16 @@ def _read_model(
     return model, folder
 
 
+@dataclass
+class _Enclosing:
+    """A scope around the subgraph being loaded: its graph and names, and the values of it
+    that the subgraph captured (the subgraph's extra inputs, in order)."""
+
+    graph: Graph
+    env: dict[str, Result]
+    captures: list[Value]
+
+
 class Loader:
     """The state of one import: the graph being built and the name → value environment."""
 
@@ -414,6 +425,8 @@ class Loader:
         self.graph = Graph()
         self.graph.equate = self.equate
         self.env: dict[str, Result] = {}
+        self._outer: list[_Enclosing] = []
+        """The enclosing scopes while a subgraph loads (innermost last)."""
         self.bad_initializers: dict[str, str] = {}
         self.node_index = 0
         self.opsets: dict[str, int] = {}
@@ -458,13 +471,95 @@ class Loader:
             self.run_node(node)
             self.node_index += 1
 
-    def inline_graph(self, sub: onnx.GraphProto, ctx: NodeContext) -> list[Result]:
-        """Import a subgraph (If branch) in the current scope; returns its outputs."""
-        if sub.input:
-            ctx.unsupported("subgraphs with inputs (Loop/Scan bodies) are not supported")
-        self.add_initializers(sub.initializer)
-        self.run_nodes(sub.node)
-        return [self.lookup(o.name, ctx) for o in sub.output]
+    def inline_graph(
+        self,
+        sub: onnx.GraphProto,
+        ctx: NodeContext,
+        bound: Mapping[str, Result] | None = None,
+    ) -> list[Result]:
+        """Import a subgraph into the current graph (an If branch whose condition is known, one
+        unrolled Loop/Scan step with its inputs `bound` by name); returns its outputs. Its names
+        live in a scope of their own: they shadow outer names and vanish afterwards."""
+        names = [i.name for i in sub.input]
+        missing = [n for n in names if n not in (bound or {})]
+        if missing:
+            ctx.unsupported(f"subgraph inputs {missing} are not bound")
+        outer = self.env
+        self.env = {**outer, **(bound or {})}
+        try:
+            self.add_initializers(sub.initializer)
+            self.run_nodes(sub.node)
+            return [self.lookup(o.name, ctx) for o in sub.output]
+        finally:
+            self.env = outer
+
+    def subgraph(
+        self,
+        sub: onnx.GraphProto,
+        formals: Sequence[tuple[str, Shape, DType]],
+        ctx: NodeContext,
+    ) -> tuple[Graph, list[Value]]:
+        """Load a subgraph (Loop/Scan body, If branch) as a graph of its own: inputs `formals`
+        (ONNX inputs, in order), then one input per value of the enclosing scopes it uses
+        (captures, in first-use order; constants and load-time Knowns are copied in instead).
+        Returns the graph and the captured values of the enclosing graph."""
+        body = Graph()
+        body.equate = body.guard_equal  # no unification inside: guards, checked per run
+        self._outer.append(_Enclosing(self.graph, self.env, []))
+        self.graph, self.env = body, {}
+        try:
+            for name, shape, dt in formals:
+                self.env[name] = body.input(shape, dt, name)
+            self.add_initializers(sub.initializer)
+            self.run_nodes(sub.node)
+            for o in sub.output:
+                r = self.lookup(o.name, ctx)
+                if isinstance(r, Seq):
+                    ctx.unsupported(f"subgraph output '{o.name}' is a sequence")
+                v = self.as_value(r)
+                body.set_debug_name(v, o.name)
+                body.add_output(v, o.name)
+        finally:
+            enc = self._outer.pop()
+            self.graph, self.env = enc.graph, enc.env
+        body.equate = body.guard_equal
+        body.where = ""
+        return body, enc.captures
+
+    def _level(self, k: int) -> tuple[Graph, dict[str, Result]]:
+        if k == len(self._outer):
+            return self.graph, self.env
+        return self._outer[k].graph, self._outer[k].env
+
+    def _resolve(self, k: int, name: str) -> Result | None:
+        """`name` as a result valid at scope level k (0: the model's graph), captured from the
+        enclosing levels when it is defined there."""
+        env = self._level(k)[1]
+        r = env.get(name)
+        if r is not None or k == 0:
+            return r
+        outer = self._resolve(k - 1, name)
+        if outer is None:
+            return None
+        r = self._import(k, outer, name)
+        env[name] = r
+        return r
+
+    def _import(self, k: int, r: Result, name: str) -> Result:
+        if isinstance(r, Known):
+            return r
+        if isinstance(r, Seq):
+            items = (self._import(k, x, f"{name}.{i}") for i, x in enumerate(r.items))
+            return Seq(tuple(items), r.dtype)
+        outer, graph = self._level(k - 1)[0], self._level(k)[0]
+        info = outer[r]
+        if isinstance(info.op, Constant):
+            return graph.constant_tensor(info.op.tensor)
+        taken = set(graph.input_names)
+        label = name if name not in taken else f"{name}.outer{k}"
+        v = graph.input(info.shape, info.dtype, label)
+        self._outer[k - 1].captures.append(r)
+        return v
 
     # -- inputs and initializers ----------------------------------------------------------------
     def add_initializers(self, tensors: Iterable[onnx.TensorProto]) -> None:
@@ -473,11 +568,12 @@ class Loader:
         for i, t in enumerate(tensors):
             if last[t.name] != i:
                 continue  # a name given twice: the last one counts, as in onnxruntime
-            cached = self.tensors.get(t.name) if t.name else None
+            cache = bool(t.name) and not self._outer  # names are per scope inside subgraphs
+            cached = self.tensors.get(t.name) if cache else None
             if cached is not None:  # a restarted load: no second decode or hash of the weights
                 self.env[t.name] = self.graph.constant_tensor(cached)
                 continue
-            arr = self.arrays.get(t.name) if t.name else None
+            arr = self.arrays.get(t.name) if cache else None
             if arr is None:
                 try:
                     arr = self.tensor_to_array(t, f"initializer '{t.name}'")
@@ -486,9 +582,9 @@ class Loader:
                     continue
             r = self.result_of_array(arr)
             op = self.graph[r].op if isinstance(r, Value) else None
-            if isinstance(op, Constant) and t.name:
+            if isinstance(op, Constant) and cache:
                 self.tensors[t.name] = op.tensor  # holds the data: the array is not kept twice
-            elif t.name:
+            elif cache:
                 self.arrays[t.name] = arr  # small integer tensors (load-time Known values)
             self.env[t.name] = r
 
@@ -680,6 +776,10 @@ class Loader:
         r = self.env.get(name)
         if r is not None:
             return r
+        if self._outer:
+            r = self._resolve(len(self._outer), name)
+            if r is not None:
+                return r
         where = f"node '{ctx.name}' ({ctx.op_type})" if ctx else "graph output"
         if name in self.bad_initializers:
             raise UnsupportedOnnxError(
@@ -707,11 +807,23 @@ class Loader:
         try:
             out = handler(ctx)
             ctx.check_all_used()
+        except StaticInputRequiredError as e:
+            if not self._outer:
+                raise
+            # a subgraph's own inputs change per step: no specialization can help
+            raise UnsupportedOnnxError(
+                ctx.name,
+                ctx.op_type,
+                f"inside a subgraph, a value must be known at load time, but it comes from "
+                f"'{e.input_name}'",
+            ) from None
         except FixedSizeRequiredError as e:  # fine for fixed sizes: specialize on shapes
+            if self._outer:
+                raise UnsupportedOnnxError(ctx.name, ctx.op_type, str(e)) from None
             raise SymbolicSizeError(ctx.name, ctx.op_type, str(e)) from None
         except GraphError as e:
             raise UnsupportedOnnxError(ctx.name, ctx.op_type, str(e)) from None
-        results = [out] if isinstance(out, Value | Known) else list(out)
+        results = [out] if isinstance(out, Value | Known | Seq) else list(out)
         for i, name in enumerate(node.output):
             if not name:
                 continue
@@ -719,6 +831,9 @@ class Loader:
                 ctx.unsupported(f"output {i} ('{name}') is not supported")
             r = results[i]
             assert r is not None
+            if isinstance(r, Seq):
+                self.env[name] = r
+                continue
             rank = len(r.shape) if isinstance(r, Known) else self.graph[r].rank
             if rank > MAX_RANK:
                 ctx.unsupported(f"output {i} ('{name}') has rank {rank}, more than {MAX_RANK}")

@@ -21,6 +21,7 @@ from kn_graph.ops import (
     Concat,
     Constant,
     Conv,
+    Dynamic,
     Gather,
     Input,
     Iota,
@@ -156,6 +157,8 @@ def copy_op(g: Graph, info: ValueInfo, op: Op) -> Value:
             return g.reduce(x, axes, rop)
         case Attention(q, k, v, mask, scale, causal):
             return g.attention(q, k, v, mask, scale, causal)
+        case Dynamic():
+            return g.dynamic_result(op)
         case _:
             assert_never(op)  # type: ignore[arg-type]
 

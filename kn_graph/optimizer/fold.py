@@ -28,7 +28,7 @@ import numpy as np
 from kn_graph.cpu import evaluate
 from kn_graph.errors import KnError
 from kn_graph.graph import Graph, ValueInfo
-from kn_graph.ops import Binary, Broadcast, Constant, Input, Select, Unary, Value, View
+from kn_graph.ops import Binary, Broadcast, Constant, Dynamic, Input, Select, Unary, Value, View
 from kn_graph.optimizer.core import Rewriter, copy_op, rewrite
 from kn_graph.optimizer.patterns import MAX_MATERIALISE, compact, emit_compact
 from kn_graph.shape import Shape
@@ -58,7 +58,7 @@ def fold_constant(rw: Rewriter, v: Value) -> Value | None:
     may grow at most `fold_max_growth`-fold over its compact inputs."""
     info = rw.info(v)
     op = info.op
-    if isinstance(op, Input | Constant | Broadcast):
+    if isinstance(op, Input | Constant | Broadcast | Dynamic):  # the builder folds Dynamic
         return None
     operands = [rw.get(x) for x in op.inputs]
     compacts = [compact(rw.new, u) for u in operands]

@@ -1,7 +1,8 @@
 """`check_plan`: plan a graph (as given and optimized), validate the plan, run it in the emulator
 against the CPU executor, compile every kernel it generates with NVRTC for sm_80 and sm_90, and
-run it through the CUDA executor: on the fake device (CPU, always) and on the real one when
-present (with and without CUDA graphs). `KN_REQUIRE_CUDA=1` turns a missing GPU into a failure."""
+run it through the CUDA executor: on the fake device (CPU, always: a warm-up evaluation, then
+the CUDA graph it captures, GEMMs included) and on the real one when present (with and without
+CUDA graphs). `KN_REQUIRE_CUDA=1` turns a missing GPU into a failure."""
 
 from __future__ import annotations
 
@@ -97,13 +98,16 @@ def need_gpu() -> None:
         pytest.skip(f"no CUDA device: {reason}")
 
 
-def run_fake(
+def fake_runs(
     p: Plan,
     inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
     cuda_graphs: bool = False,
     evals: int = 1,
-) -> list[np.ndarray]:
-    """The plan through the CUDA executor on the fake device (the last evaluation's outputs)."""
+) -> list[list[np.ndarray]]:
+    """The plan through the CUDA executor on the fake device, `evals` times (the outputs of
+    each). With CUDA graphs and two evaluations or more, the capture must succeed. Every GEMM
+    must have run on the executor's stream with the arena's cuBLAS workspace, never through
+    CuPy's cuBLAS wrappers."""
     from kn_cuda_eval.device.executor import CudaExecutor
     from kn_cuda_eval.device.settings import ExecutorSettings
     from tests.cuda_eval.fake_device import FakeApi
@@ -111,10 +115,25 @@ def run_fake(
     fake = FakeApi()
     ex = CudaExecutor.from_plan(p, settings=ExecutorSettings(cuda_graphs=cuda_graphs), api=fake)
     fake.expect(ex.launches)
-    out: list[np.ndarray] = []
-    for _ in range(evals):
-        out = ex.eval(inputs)
-    return out
+    outs = [ex.eval(inputs) for _ in range(evals)]
+    if cuda_graphs and evals >= 2:
+        assert ex.uses_cuda_graph, f"the plan was not captured: {ex.graph_error}\n{p}"
+    lay = ex.launches.layout
+    ws = (ex._base + lay.cublas_workspace, lay.cublas_workspace_size)
+    for g in fake.cublas_c.gemms:
+        assert (g.stream, g.workspace) == (ex._stream.ptr, ws), (g, ex._stream.ptr, ws)
+    assert not fake.blas.calls, f"CuPy's cuBLAS wrappers were used: {fake.blas.calls}"
+    return outs
+
+
+def run_fake(
+    p: Plan,
+    inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+    cuda_graphs: bool = False,
+    evals: int = 1,
+) -> list[np.ndarray]:
+    """The last evaluation's outputs of `fake_runs`."""
+    return fake_runs(p, inputs, cuda_graphs, evals)[-1]
 
 
 def check_device(
@@ -123,10 +142,12 @@ def check_device(
     ref: Sequence[np.ndarray],
     label: str,
 ) -> None:
-    """The executor's outputs against `ref`: on the fake device (always), then on the GPU when
-    there is one, with CUDA graphs (warm-up, then captured replays) and without."""
-    for k, (a, b) in enumerate(zip(run_fake(p, inputs), ref, strict=True)):
-        assert_close(a, b, f"{label} output {k} on the fake device\n{p}")
+    """The executor's outputs against `ref`: on the fake device (always: the warm-up, then the
+    captured graph's replay), then on the GPU when there is one, with CUDA graphs (warm-up,
+    then captured replays) and without."""
+    for run, outs in enumerate(fake_runs(p, inputs, cuda_graphs=True, evals=2)):
+        for k, (a, b) in enumerate(zip(outs, ref, strict=True)):
+            assert_close(a, b, f"{label} output {k} on the fake device (run {run})\n{p}")
     if gpu_problem() is None:
         from kn_cuda_eval.device.executor import CudaExecutor
         from kn_cuda_eval.device.settings import ExecutorSettings
@@ -159,6 +180,9 @@ def check_plan(
     graphs = [("unoptimized", graph)] + ([("optimized", optimize(graph))] if optimized else [])
     ref = list(expected) if expected is not None else evaluate(graph, inputs, batch)
     for label, g in graphs:
+        if g.has_dynamic:
+            plans += check_segmented(g, inputs, ref, label, settings)
+            continue
         p = plan(g, batch, bindings, settings)
         p.validate()
         got = emulate(p, inputs)
@@ -168,4 +192,37 @@ def check_plan(
         compile_all(p)
         check_device(p, inputs, ref, label)
         plans.append(p)
+    return plans
+
+
+def check_segmented(
+    graph: Graph,
+    inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+    ref: Sequence[np.ndarray],
+    label: str,
+    settings: PlanSettings | None = None,
+) -> list[Plan]:
+    """A graph with data-dependent ops, segment by segment (`kn_cuda_eval.segments`): every
+    segment's plan validated, emulated, its kernels compiled and run on the fake device against
+    the emulator; the outputs against `ref`. Returns the plans made."""
+    from kn_cuda_eval.segments import Segment, SegmentedRunner
+
+    plans: list[Plan] = []
+
+    def run_segment(
+        seg: Segment, arrays: Sequence[np.ndarray], binds: Mapping[str, int]
+    ) -> list[np.ndarray]:
+        p = plan(seg.graph, bindings=dict(binds), settings=settings)
+        p.validate()
+        host = [np.asarray(a) for a in arrays]
+        got = emulate(p, host)
+        compile_all(p)
+        check_device(p, host, got, f"{label} segment")
+        plans.append(p)
+        return got
+
+    got = SegmentedRunner(run_segment).run(graph, inputs)
+    assert len(got) == len(ref)
+    for k, (a, b) in enumerate(zip(got, ref, strict=True)):
+        assert_close(a, b, f"{label} output {k} ({graph.output_names[k]}), segmented")
     return plans

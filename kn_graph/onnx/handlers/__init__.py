@@ -5,6 +5,7 @@ from kn_graph.onnx.handlers import (  # noqa: F401
     control,  # If with a load-time condition
     conv,  # Conv, ConvTranspose, Col2Im, CausalConvWithState
     deform_conv,
+    dynamic,  # NonZero, TopK, NonMaxSuppression, Unique: sizes known at run time
     einsum,
     elementwise,  # arithmetic, math, activations, comparisons, logic, casts, Where
     grid,  # GridSample, AffineGrid
@@ -19,6 +20,7 @@ from kn_graph.onnx.handlers import (  # noqa: F401
     rnn,  # RNN, LSTM, GRU (unrolled)
     roi_align,
     rotary,  # RotaryEmbedding
+    sequence,  # sequences of load-time length, optionals holding a tensor
     shape,  # Shape, Reshape, Concat, Split, Expand, Range, …
     signal,  # DFT, STFT, window functions
     tensor,  # Slice, Gather*, Scatter*, Pad, Trilu, OneHot, …

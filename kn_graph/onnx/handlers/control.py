@@ -1,29 +1,383 @@
-"""Control flow: If with a condition known at load time (exports guard shape cases with it); the
-taken branch is inlined into the graph, the other is never imported. Loop and Scan are not."""
+"""Control flow: If, Loop and Scan.
+
+- If with a condition known at load time (exports guard shape cases with it): the taken branch
+  is inlined, the other never imported. With a data condition: a `Dynamic` "if" over both
+  branches loaded as graphs of their own; only the taken one runs.
+- Loop with a trip count known at load time, small, and a condition that stays true: unrolled.
+  Otherwise a `Dynamic` "loop" over the body graph (trip count and/or condition, loop-carried
+  values, scan outputs; the iteration count is a run-time size).
+- Scan over a fixed, small length: unrolled; otherwise a `Dynamic` "scan" (the length is the
+  scan axis' size, symbolic or not).
+
+Subgraphs see the values of enclosing scopes (captures: extra inputs of the body graph). A
+loop-carried value whose shape changes from one iteration to the next (a growing sequence) is
+loaded with fresh symbols on the axes that change; its final size is a run-time symbol.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 
-from kn_graph.onnx.context import NodeContext, Result, onnx_op
+from kn_graph.dtype import DType
+from kn_graph.graph import Graph
+from kn_graph.onnx.context import Known, NodeContext, Result, Seq, onnx_dtype, onnx_op
+from kn_graph.onnx.handlers.dynamic import results
+from kn_graph.ops import Value
+from kn_graph.shape import Shape, Size
+
+MAX_UNROLL_STEPS = 64
+"""Loops and scans of at most this many steps (known at load time) are unrolled..."""
+MAX_UNROLL_NODES = 4096
+"""...when steps * body nodes stays within this; longer ones run as a Dynamic op."""
 
 
-def _condition(ctx: NodeContext) -> bool:
+# -- If -------------------------------------------------------------------------------------------
+def _known_condition(ctx: NodeContext) -> bool | None:
     k = ctx.input_known(0)
-    arr = k.data if k is not None else np.asarray(ctx.input_static(0, "the condition"))
-    if arr.size != 1 or arr.dtype == object:
-        ctx.unsupported(f"the condition must be one known element, found {arr.tolist()}")
-    return bool(arr.reshape(-1)[0])
+    if k is None:
+        arr = ctx.graph.const_value(ctx.input(0))
+        if arr is None:
+            return None
+        k = Known(arr, ctx.input_dtype(0))
+    if k.data.size != 1:
+        ctx.unsupported(f"the condition must have one element, found shape {list(k.shape)}")
+    if k.is_symbolic:
+        return None  # a condition on sizes: decided per binding, like data
+    return bool(k.data.reshape(-1)[0])
+
+
+def _free(d: Size, local: set[str]) -> bool:
+    """Whether size `d` of a subgraph is expressible in the enclosing graph's symbols."""
+    return not (d.symbols & local)
 
 
 @onnx_op("If")
 def if_(ctx: NodeContext) -> list[Result]:
-    taken = _condition(ctx)
     then_branch, else_branch = ctx.attr_graph("then_branch"), ctx.attr_graph("else_branch")
-    branch = then_branch if taken else else_branch
-    if branch is None:
+    if then_branch is None or else_branch is None:
         ctx.unsupported("a branch is missing")
-    outs = ctx.loader.inline_graph(branch, ctx)
-    if len(outs) != len(ctx.node.output):
-        ctx.unsupported(f"the branch has {len(outs)} outputs, the node {len(ctx.node.output)}")
-    return outs
+    n = len(ctx.node.output)
+    for label, b in (("then", then_branch), ("else", else_branch)):
+        if len(b.output) != n:
+            ctx.unsupported(f"the {label} branch has {len(b.output)} outputs, the node {n}")
+        if b.input:
+            ctx.unsupported(f"the {label} branch has inputs")
+    taken = _known_condition(ctx)
+    if taken is not None:
+        return ctx.loader.inline_graph(then_branch if taken else else_branch, ctx)
+    g = ctx.graph
+    cond = ctx.input(0)
+    if g[cond].shape.size() != Size(1):
+        ctx.unsupported(f"the condition must have one element, found {g[cond].shape}")
+    then_g, then_caps = ctx.loader.subgraph(then_branch, [], ctx)
+    else_g, else_caps = ctx.loader.subgraph(else_branch, [], ctx)
+    local = set(then_g.runtime_symbols | else_g.runtime_symbols)
+    shapes, dtypes = [], []
+    for j, (a, b) in enumerate(zip(then_g.outputs, else_g.outputs, strict=True)):
+        sa, sb = then_g[a].shape, else_g[b].shape
+        if then_g[a].dtype != else_g[b].dtype:
+            ctx.unsupported(
+                f"output {j}: the branches give {then_g[a].dtype} and {else_g[b].dtype}"
+            )
+        if sa.rank != sb.rank:
+            ctx.unsupported(f"output {j}: the branches give ranks {sa.rank} and {sb.rank}")
+        dims = [
+            x if x == y and _free(x, local) else g.fresh_symbol("if")
+            for x, y in zip(sa.dims, sb.dims, strict=True)
+        ]
+        shapes.append(Shape(tuple(dims)))
+        dtypes.append(then_g[a].dtype)
+    outs = g.dynamic(
+        "if",
+        [cond, *then_caps, *else_caps],
+        (then_g, else_g, len(then_caps)),
+        shapes,
+        dtypes,
+    )
+    return results(ctx, outs)
+
+
+# -- shared by Loop and Scan ------------------------------------------------------------------------
+def _declared(vi: onnx.ValueInfoProto, ctx: NodeContext) -> tuple[Shape, DType]:
+    """A fixed-size formal input of a body (iteration number, condition) as declared."""
+    tt = vi.type.tensor_type
+    dt = onnx_dtype(tt.elem_type, f"subgraph input '{vi.name}'") if tt.elem_type else DType.I64
+    dims = [d.dim_value for d in tt.shape.dim] if tt.HasField("shape") else []
+    if any(d != 1 for d in dims):
+        ctx.unsupported(f"subgraph input '{vi.name}' must have one element, declared {dims}")
+    return Shape.of(*dims), dt
+
+
+def _stable_body(
+    ctx: NodeContext,
+    sub: onnx.GraphProto,
+    before: list[tuple[str, Shape, DType]],
+    state: list[tuple[str, Shape, DType]],
+    after: list[tuple[str, Shape, DType]],
+    first_state_output: int,
+) -> tuple[Graph, list[Value], set[str], list[set[int]]]:
+    """The body loaded as a graph whose state inputs (loop-carried values) keep their shapes
+    from one step to the next: first with the initial shapes; where an output differs, again
+    with fresh symbols on those axes. Returns (body, captures, body-local symbols, the changing
+    axes of each state value)."""
+    g = ctx.graph
+    changing: list[set[int]] = [set() for _ in state]
+    local: set[str] = set()
+    for _attempt in range(2):
+        formals = list(before)
+        for (name, shape, dt), axes in zip(state, changing, strict=True):
+            dims = list(shape.dims)
+            for a in axes:
+                dims[a] = g.fresh_symbol(f"{ctx.op_type.lower()}_state")
+                local |= dims[a].symbols
+            formals.append((name, Shape(tuple(dims)), dt))
+        formals += after
+        body, caps = ctx.loader.subgraph(sub, formals, ctx)
+        grew = False
+        for j, (_, _, dt) in enumerate(state):
+            v_in = body.inputs[len(before) + j]
+            v_out = body.outputs[first_state_output + j]
+            si, so = body[v_in].shape, body[v_out].shape
+            if body[v_out].dtype != dt:
+                ctx.unsupported(f"state {j}: the body returns {body[v_out].dtype}, takes {dt}")
+            if si.rank != so.rank:
+                ctx.unsupported(f"state {j}: the body changes its rank ({si} -> {so})")
+            for a, (x, y) in enumerate(zip(si.dims, so.dims, strict=True)):
+                if x != y and a not in changing[j]:
+                    changing[j].add(a)
+                    grew = True
+        if not grew:
+            return body, caps, local | set(body.runtime_symbols), changing
+    ctx.unsupported("the body's state shapes do not settle")
+
+
+def _outer_shape(g: Graph, shape: Shape, local: set[str], hint: str) -> Shape:
+    return Shape(tuple(d if _free(d, local) else g.fresh_symbol(hint) for d in shape.dims))
+
+
+def _tensor(ctx: NodeContext, r: Result, what: str) -> Value:
+    if isinstance(r, Seq):
+        ctx.unsupported(f"{what} is a sequence")
+    return ctx.loader.as_value(r)
+
+
+def _stack(ctx: NodeContext, parts: list[Result], axis: int, what: str) -> Value:
+    g = ctx.graph
+    vals = [_tensor(ctx, p, what) for p in parts]
+    return g.concat([g.view(v, g[v].shape.insert(axis, 1)) for v in vals], axis)
+
+
+def _small_enough(steps: int, sub: onnx.GraphProto) -> bool:
+    return 0 < steps <= MAX_UNROLL_STEPS and steps * max(1, len(sub.node)) <= MAX_UNROLL_NODES
+
+
+# -- Loop -------------------------------------------------------------------------------------------
+def _stays_true(sub: onnx.GraphProto) -> bool:
+    """The body's condition output is its condition input (passed through or an Identity of
+    it) or a constant true: unrolling needs no condition checks."""
+    cond_in, cond_out = sub.input[1].name, sub.output[0].name
+    if cond_in == cond_out:
+        return True
+    for node in sub.node:
+        if cond_out in node.output:
+            if node.op_type == "Identity" and node.input[0] == cond_in:
+                return True
+            if node.op_type == "Constant" and node.attribute:
+                t = node.attribute[0]
+                if t.type == onnx.AttributeProto.TENSOR:
+                    arr = onnx.numpy_helper.to_array(t.t)
+                    return arr.size == 1 and bool(arr.reshape(-1)[0])
+            return False
+    return False
+
+
+@onnx_op("Loop")
+def loop(ctx: NodeContext) -> list[Result]:
+    sub = ctx.attr_graph("body")
+    if sub is None or len(sub.input) < 2 or not sub.output:
+        ctx.unsupported(
+            "the body must take (iteration, condition, state...) and return a condition"
+        )
+    n_state = len(sub.input) - 2
+    n_scan = len(sub.output) - 1 - n_state
+    if n_scan < 0 or ctx.num_inputs - 2 != n_state:
+        ctx.unsupported(
+            f"{ctx.num_inputs - 2} initial values, {n_state} body state inputs, "
+            f"{len(sub.output) - 1} body outputs"
+        )
+    m_known = ctx.input_known(0) if ctx.has_input(0) else None
+    trip = None
+    if m_known is not None and not m_known.is_symbolic:
+        trip = int(m_known.data.reshape(-1)[0])
+    cond_known = _known_condition(ctx) if ctx.has_input(1) else True
+    if cond_known is False:  # the body never runs
+        if n_scan:
+            ctx.unsupported("a loop that never runs, with scan outputs")
+        return [ctx.raw_input(2 + j) for j in range(n_state)]
+    init = [ctx.raw_input(2 + j) for j in range(n_state)]
+    if trip is not None and cond_known is True and _stays_true(sub) and _small_enough(trip, sub):
+        return _unrolled_loop(ctx, sub, trip, init, n_state)
+    return _dynamic_loop(ctx, sub, init, n_state, n_scan, m_known, trip)
+
+
+def _unrolled_loop(
+    ctx: NodeContext, sub: onnx.GraphProto, trip: int, init: list[Result], n_state: int
+) -> list[Result]:
+    it_shape, _ = _declared(sub.input[0], ctx)
+    cond_shape, _ = _declared(sub.input[1], ctx)
+    state = list(init)
+    scans: list[list[Result]] = []
+    for i in range(trip):
+        bound: dict[str, Result] = {
+            sub.input[0].name: Known(np.full(it_shape.fixed_dims(), i, np.int64), DType.I64),
+            sub.input[1].name: Known(np.full(cond_shape.fixed_dims(), True), DType.BOOL),
+        }
+        bound.update({vi.name: r for vi, r in zip(sub.input[2:], state, strict=True)})
+        outs = ctx.loader.inline_graph(sub, ctx, bound)
+        state = outs[1 : 1 + n_state]
+        scans.append(outs[1 + n_state :])
+    stacked = [
+        _stack(ctx, [s[j] for s in scans], 0, f"scan output {j}") for j in range(len(scans[0]))
+    ]
+    return [*state, *stacked]
+
+
+def _dynamic_loop(
+    ctx: NodeContext,
+    sub: onnx.GraphProto,
+    init: list[Result],
+    n_state: int,
+    n_scan: int,
+    m_known: Known | None,
+    trip: int | None,
+) -> list[Result]:
+    g = ctx.graph
+    init_v = [_tensor(ctx, r, f"loop-carried value {j}") for j, r in enumerate(init)]
+    it_shape, _ = _declared(sub.input[0], ctx)
+    cond_shape, _ = _declared(sub.input[1], ctx)
+    fixed = [
+        (sub.input[0].name, it_shape, DType.I64),
+        (sub.input[1].name, cond_shape, DType.BOOL),
+    ]
+    state = [(vi.name, g[v].shape, g[v].dtype) for vi, v in zip(sub.input[2:], init_v, strict=True)]
+    body, caps, local, changing = _stable_body(ctx, sub, fixed, state, [], 1)
+    args: list[Value] = []
+    has_m = ctx.has_input(0)
+    if has_m:
+        m = ctx.input(0)
+        args.append(g.view(g.cast(m, DType.I64) if g[m].dtype != DType.I64 else m, [1]))
+    has_cond = ctx.has_input(1)
+    if has_cond:
+        c = ctx.input(1)
+        args.append(g.view(g.cast(c, DType.BOOL) if g[c].dtype != DType.BOOL else c, [1]))
+    args += init_v + caps
+    shapes: list[Shape] = []
+    for (_, shape, _), axes in zip(state, changing, strict=True):
+        shapes.append(
+            Shape(tuple(g.fresh_symbol("loop") if a in axes else d for a, d in enumerate(shape)))
+        )
+    fixed_trip = (
+        m_known is not None
+        and not has_cond
+        and _stays_true(sub)
+        and (trip is not None or m_known.data.size == 1)
+    )
+    iters = (m_known.sizes()[0] if fixed_trip and m_known is not None else None) or g.fresh_symbol(
+        "loop_iterations"
+    )
+    for j in range(n_scan):
+        out = body.outputs[1 + n_state + j]
+        shapes.append(_outer_shape(g, body[out].shape, local, "loop").insert(0, iters))
+    dtypes = [t for _, _, t in state] + [
+        body[body.outputs[1 + n_state + j]].dtype for j in range(n_scan)
+    ]
+    outs = g.dynamic("loop", args, (body, has_m, has_cond, n_state, n_scan), shapes, dtypes)
+    return results(ctx, outs)
+
+
+# -- Scan -------------------------------------------------------------------------------------------
+@onnx_op("Scan")
+def scan(ctx: NodeContext) -> list[Result]:
+    g = ctx.graph
+    if ctx.opset < 9:
+        ctx.unsupported("Scan-8 (batched, with sequence_lens) is not supported; use opset 9+")
+    sub = ctx.attr_graph("body")
+    n_in = ctx.attr_int("num_scan_inputs")
+    n_state = ctx.num_inputs - n_in
+    if sub is None or n_state < 0 or len(sub.input) != ctx.num_inputs:
+        ctx.unsupported(
+            f"the body takes {len(sub.input) if sub else 0} inputs, the node gives {ctx.num_inputs}"
+        )
+    n_out = len(sub.output) - n_state
+    if n_out < 0:
+        ctx.unsupported(f"the body returns {len(sub.output)} values for {n_state} states")
+    xs = [ctx.input(n_state + j) for j in range(n_in)]
+    in_axes = [
+        ctx.axis(a, g[x].rank)
+        for a, x in zip(ctx.attr_ints("scan_input_axes", [0] * n_in) or [], xs, strict=True)
+    ]
+    in_rev = [bool(d) for d in ctx.attr_ints("scan_input_directions", [0] * n_in) or []]
+    out_axes_raw = ctx.attr_ints("scan_output_axes", [0] * n_out) or []
+    out_rev = [bool(d) for d in ctx.attr_ints("scan_output_directions", [0] * n_out) or []]
+    if (
+        len(in_axes) != n_in
+        or len(in_rev) != n_in
+        or len(out_axes_raw) != n_out
+        or len(out_rev) != n_out
+    ):
+        ctx.unsupported("scan axes/directions do not match the scan inputs and outputs")
+    if not xs:
+        ctx.unsupported("a Scan without scan inputs")
+    length = g[xs[0]].shape[in_axes[0]]
+    for x, a in zip(xs[1:], in_axes[1:], strict=True):
+        length = g.guard_equal(length, g[x].shape[a], "Scan: the scan inputs' lengths")
+    init = [ctx.raw_input(j) for j in range(n_state)]
+    slices = [g[x].shape.remove(a) for x, a in zip(xs, in_axes, strict=True)]
+    steps = length.fixed_value()
+    if steps is not None and _small_enough(steps, sub):
+        state = list(init)
+        per_step: list[list[Result]] = []
+        for t in range(steps):
+            bound = {vi.name: r for vi, r in zip(sub.input[:n_state], state, strict=True)}
+            for vi, x, a, r, sh in zip(
+                sub.input[n_state:], xs, in_axes, in_rev, slices, strict=True
+            ):
+                bound[vi.name] = g.view(g.slice_raw(x, a, steps - 1 - t if r else t, 1, 1), sh)
+            outs = ctx.loader.inline_graph(sub, ctx, bound)
+            state = outs[:n_state]
+            per_step.append(outs[n_state:])
+        stacked = []
+        for j in range(n_out):
+            parts = [p[j] for p in per_step]
+            if out_rev[j]:
+                parts = parts[::-1]
+            rank = len(parts[0].shape) if isinstance(parts[0], Known) else None
+            r = rank if rank is not None else g[_tensor(ctx, parts[0], "scan output")].rank
+            stacked.append(_stack(ctx, parts, ctx.axis(out_axes_raw[j], r + 1), "scan output"))
+        return [*state, *stacked]
+    init_v = [_tensor(ctx, r, f"state {j}") for j, r in enumerate(init)]
+    fixed = [
+        (vi.name, sh, g[x].dtype) for vi, sh, x in zip(sub.input[n_state:], slices, xs, strict=True)
+    ]
+    state_f = [
+        (vi.name, g[v].shape, g[v].dtype) for vi, v in zip(sub.input[:n_state], init_v, strict=True)
+    ]
+    body, caps, local, changing = _stable_body(ctx, sub, [], state_f, fixed, 0)
+    shapes: list[Shape] = []
+    for (_, shape, _), axes in zip(state_f, changing, strict=True):
+        shapes.append(
+            Shape(tuple(g.fresh_symbol("scan") if a in axes else d for a, d in enumerate(shape)))
+        )
+    out_axes = []
+    for j in range(n_out):
+        out = body.outputs[n_state + j]
+        ax = ctx.axis(out_axes_raw[j], body[out].rank + 1)
+        out_axes.append(ax)
+        shapes.append(_outer_shape(g, body[out].shape, local, "scan").insert(ax, length))
+    dtypes = [t for _, _, t in state_f] + [
+        body[body.outputs[n_state + j]].dtype for j in range(n_out)
+    ]
+    params = (body, n_state, n_in, tuple(in_axes), tuple(in_rev), tuple(out_axes), tuple(out_rev))
+    outs = g.dynamic("scan", [*init_v, *xs, *caps], params, shapes, dtypes)
+    return results(ctx, outs)

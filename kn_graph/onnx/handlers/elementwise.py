@@ -603,6 +603,20 @@ def swish(ctx: NodeContext) -> Result:
     return g.mul(x, g.unary(UnaryOp.SIGMOID, g.mul(x, alpha)))
 
 
+@onnx_op("SwiGLU")
+def swiglu(ctx: NodeContext) -> Result:
+    """Swish_alpha(a) · b, a and b of one shape (no broadcasting)."""
+    g = ctx.graph
+    a, b = ctx.input(0), ctx.input(1)
+    if g[a].rank != g[b].rank:
+        ctx.unsupported(f"a {g[a].shape} and b {g[b].shape} must have one shape")
+    for i, (x, y) in enumerate(zip(g[a].shape, g[b].shape, strict=True)):
+        g.guard_equal(x, y, f"SwiGLU: axis {i} of a and b")
+    alpha = ctx.attr_float("alpha", 1.0)
+    gate = g.silu(a) if alpha == 1.0 else g.mul(a, g.unary(UnaryOp.SIGMOID, g.mul(a, alpha)))
+    return g.mul(gate, b)
+
+
 # -- casts -----------------------------------------------------------------------------------------
 def _target_dtype(ctx: NodeContext, elem_type: int) -> DType:
     try:

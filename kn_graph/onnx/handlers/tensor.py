@@ -15,6 +15,7 @@ import numpy as np
 
 from kn_graph.dtype import DType
 from kn_graph.onnx.context import Known, NodeContext, Result, onnx_dtype, onnx_op
+from kn_graph.onnx.handlers.dynamic import nonzero_indices
 from kn_graph.onnx.handlers.shape import axis_of, known_take, scalar_operand, static_ints
 from kn_graph.ops import BinaryOp, Value
 from kn_graph.shape import Shape, Size
@@ -60,9 +61,47 @@ def _slice_args(
     return ctx.input_sizes(1, "starts"), ctx.input_sizes(2, "ends"), axes, steps
 
 
+def _data_bounds(ctx: NodeContext) -> bool:
+    """Slice bounds computed from data inside a subgraph (a Loop's iteration number)."""
+    if ctx.opset < 10 or not ctx.in_subgraph:
+        return False
+    return any(
+        ctx.input_known(i) is None and ctx.graph.const_value(ctx.input(i)) is None for i in (1, 2)
+    )
+
+
+def _dynamic_slice(ctx: NodeContext) -> Result:
+    """Slice with bounds from data: a Dynamic op; the sliced lengths are run-time sizes."""
+    g = ctx.graph
+    x = ctx.input(0)
+    shape = g[x].shape
+    starts, ends = (g.cast(ctx.input(i), DType.I64) for i in (1, 2))
+    n = g[starts].shape.size()
+    if n != g[ends].shape.size() or not n.is_fixed:
+        ctx.unsupported(f"starts {g[starts].shape} and ends {g[ends].shape} must match")
+    axes = static_ints(ctx, 3, "axes") if ctx.has_input(3) else list(range(n.as_int()))
+    steps = static_ints(ctx, 4, "steps") if ctx.has_input(4) else [1] * n.as_int()
+    norm = tuple(axis_of(ctx, a, shape.rank) for a in axes)
+    if len(set(norm)) != len(norm) or 0 in steps or len(steps) != len(norm):
+        ctx.unsupported(f"axes {axes} and steps {steps} do not fit")
+    out = shape
+    for a in norm:
+        out = out.replace(a, g.fresh_symbol("slice"))
+    (y,) = g.dynamic(
+        "slice",
+        [x, g.view(starts, [len(norm)]), g.view(ends, [len(norm)])],
+        (norm, tuple(steps)),
+        [out],
+        [g[x].dtype],
+    )
+    return y
+
+
 @onnx_op("Slice")
 def slice_(ctx: NodeContext) -> Result:
     rank = ctx.input_rank(0)
+    if _data_bounds(ctx):
+        return _dynamic_slice(ctx)
     starts, ends, axes, steps = _slice_args(ctx)
     axes = list(range(len(starts))) if axes is None else axes
     steps = [1] * len(starts) if steps is None else steps
@@ -250,13 +289,20 @@ def gather_nd(ctx: NodeContext) -> Result:
 @onnx_op("Compress")
 def compress(ctx: NodeContext) -> Result:
     shape = ctx.input_shape(0)
-    cond = np.asarray(ctx.input_static(1, "condition")).reshape(-1).astype(bool)
     g = ctx.graph
     x = ctx.input(0)
     if ctx.has_attr("axis"):
         axis = axis_of(ctx, ctx.attr_int("axis"), shape.rank)
     else:
         x, axis = g.view(x, Shape.of(shape.size())), 0
+    known = ctx.input_known(1)
+    if known is None and g.const_value(ctx.input(1)) is None:  # a data condition
+        c = ctx.input(1)
+        if g[c].rank != 1:
+            ctx.unsupported(f"the condition must have rank 1, found {g[c].shape}")
+        idx = nonzero_indices(ctx, c)
+        return g.gather(x, axis, g.view(idx, Shape.of(g[idx].shape[1])))
+    cond = np.asarray(ctx.input_static(1, "condition")).reshape(-1).astype(bool)
     dim = g.shape(x)[axis]
     if dim.is_fixed and cond.size > dim.as_int():
         ctx.unsupported(f"condition of length {cond.size} is longer than the axis ({dim})")
@@ -507,3 +553,43 @@ def scatter_nd(ctx: NodeContext) -> Result:
     inner = math.prod(dims[k:])
     targets = (rows[:, None] * inner + np.arange(inner)[None, :]).reshape(-1)
     return _scatter(ctx, targets, reduction)
+
+
+@onnx_op("TensorScatter")
+def tensor_scatter(ctx: NodeContext) -> Result:
+    """The KV-cache write: present = past with update written at write_indices[b] along `axis`
+    (modulo the cache length in circular mode). Each cache position reads update position
+    p - w (wrapped into [0, L) when circular) where that lies in [0, S)."""
+    g = ctx.graph
+    past, update = ctx.input(0), ctx.input(1)
+    cs, us = g[past].shape, g[update].shape
+    if cs.rank != us.rank or cs.rank < 2:
+        ctx.unsupported(f"past {cs} and update {us} must have one rank of at least 2")
+    axis = axis_of(ctx, ctx.attr_int("axis", -2), cs.rank)
+    if axis == 0:
+        ctx.unsupported("axis 0 is the batch axis")
+    mode = ctx.attr_str("mode", "linear")
+    if mode not in ("linear", "circular"):
+        ctx.unsupported(f"mode '{mode}'")
+    for i, (c, u) in enumerate(zip(cs, us, strict=True)):
+        if i != axis:
+            g.guard_equal(c, u, f"TensorScatter: axis {i} of past and update")
+    length, seq = cs[axis], us[axis]
+    d = g.iota(cs, axis)
+    if ctx.has_input(2):
+        w = g.cast(ctx.input(2), DType.I64)
+        w = g.broadcast(g.view(w, Shape.of(cs[0], *([1] * (cs.rank - 1)))), cs)
+        d = g.sub(d, w)
+    if mode == "circular":  # p, w in [0, L): p - w in (-L, L)
+        d = g.select(
+            g.binary(BinaryOp.LT, d, 0), g.add(d, scalar_operand(ctx, length, DType.I64)), d
+        )
+    valid = g.binary(
+        BinaryOp.AND,
+        g.binary(BinaryOp.GE, d, 0),
+        g.binary(BinaryOp.LT, d, scalar_operand(ctx, seq, DType.I64)),
+    )
+    coords = [g.select(valid, d, 0) if i == axis else g.iota(cs, i) for i in range(cs.rank)]
+    flat = g.view(_linear(ctx, coords, list(us), set()), Shape.of(cs.size()))
+    written = _take_flat(ctx, g.view(update, Shape.of(us.size())), 0, flat, cs)
+    return g.select(valid, written, past)

@@ -1,0 +1,307 @@
+"""The kinds of `Dynamic` op: what each computes on whole NumPy arrays, simply and obviously
+correctly (the CPU executor runs these; the device runners call the same functions at the
+host points of a segmented plan, so there is one semantics).
+
+Each kind maps (op, argument arrays, bindings, a graph runner) to its list of results. Control
+flow (If / Loop / Scan) runs its subgraphs through the runner it is given: `kn_graph.cpu.evaluate`
+on the reference executor, a device's own runner on a device. Results are checked against the
+op's declared shapes by `bind_results`, which also binds the run-time size symbols.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kn_graph.errors import EvaluationError
+from kn_graph.shape import infer_symbols
+
+if TYPE_CHECKING:
+    from kn_graph.graph import Graph
+    from kn_graph.ops import Dynamic
+
+__all__ = [
+    "CONTROL",
+    "KINDS",
+    "MAX_LOOP_ITERATIONS",
+    "RunGraph",
+    "bind_results",
+    "describe_params",
+    "max_loop_iterations",
+    "run_dynamic",
+]
+
+RunGraph = Callable[["Graph", list[np.ndarray]], list[np.ndarray]]
+"""Evaluates a subgraph (a Loop body, an If branch) on arrays; returns its outputs."""
+
+Run = Callable[["Dynamic", list[np.ndarray], Mapping[str, int], RunGraph], list[np.ndarray]]
+
+MAX_LOOP_ITERATIONS = 1 << 20
+"""A Loop stops with EvaluationError after this many iterations (`KN_MAX_LOOP_ITERATIONS`
+overrides it): a loop whose condition never turns false is an error, never a hang."""
+
+
+def max_loop_iterations() -> int:
+    raw = os.environ.get("KN_MAX_LOOP_ITERATIONS", "")
+    try:
+        return max(0, int(raw)) if raw else MAX_LOOP_ITERATIONS
+    except ValueError:
+        return MAX_LOOP_ITERATIONS
+
+
+# -- data-dependent sizes --------------------------------------------------------------------------
+def _nonzero(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    return [np.array(np.nonzero(xs[0]), dtype=np.int64).reshape(xs[0].ndim, -1)]
+
+
+def _descending_key(x: np.ndarray) -> np.ndarray:
+    """A key whose ascending order is `x`'s descending order, without overflow: -x for floats,
+    ~x for integers (~x = -x - 1, also for unsigned), not x for booleans."""
+    if x.dtype.kind == "f":
+        return -x
+    return ~x if x.dtype.kind in "iub" else -x
+
+
+def _topk(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    axis, largest, _sorted = op.params
+    x, k_arr = xs
+    k = int(np.asarray(k_arr).reshape(-1)[0])
+    n = x.shape[axis]
+    if not 0 <= k <= n:
+        raise EvaluationError(f"topk: k = {k} is outside [0, {n}] (the length of axis {axis})")
+    # onnxruntime's order: by value, ties by the lower index (a stable sort on the key)
+    key = _descending_key(x) if largest else x
+    order = np.argsort(key, axis=axis, kind="stable")
+    idx = np.take(order, np.arange(k), axis=axis).astype(np.int64)
+    return [np.take_along_axis(x, idx, axis=axis), idx]
+
+
+def _nms(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    """ONNX NonMaxSuppression as onnxruntime computes it: per batch and class, candidates with a
+    score above the threshold in score order (ties: lower box index first), each kept unless its
+    IoU with a kept box exceeds the threshold, at most max_output_boxes_per_class."""
+    center, has_max, has_iou, has_score = op.params
+    boxes, scores, *rest = xs
+    rest = list(rest)
+    max_out = int(np.asarray(rest.pop(0)).reshape(-1)[0]) if has_max else 0
+    iou_t = float(np.asarray(rest.pop(0)).reshape(-1)[0]) if has_iou else 0.0
+    score_t = float(np.asarray(rest.pop(0)).reshape(-1)[0]) if has_score else None
+    nb, nc, ns = scores.shape
+    if boxes.shape != (nb, ns, 4):
+        raise EvaluationError(
+            f"nms: boxes {list(boxes.shape)} do not match scores {list(scores.shape)}"
+        )
+    bx = boxes.astype(np.float64)
+    if center:
+        xc, yc, w, h = bx[..., 0], bx[..., 1], bx[..., 2], bx[..., 3]
+        y1, x1, y2, x2 = yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2
+    else:
+        y1 = np.minimum(bx[..., 0], bx[..., 2])
+        y2 = np.maximum(bx[..., 0], bx[..., 2])
+        x1 = np.minimum(bx[..., 1], bx[..., 3])
+        x2 = np.maximum(bx[..., 1], bx[..., 3])
+    area = (y2 - y1) * (x2 - x1)
+    out: list[tuple[int, int, int]] = []
+    for bi in range(nb):
+        for ci in range(nc):
+            if max_out <= 0:
+                break
+            s = scores[bi, ci].astype(np.float64)
+            cand = np.arange(ns) if score_t is None else np.nonzero(s > score_t)[0]
+            cand = cand[np.argsort(-s[cand], kind="stable")]
+            kept: list[int] = []
+            for j in cand:
+                if len(kept) >= max_out:
+                    break
+                if kept and (_iou(bi, j, kept, y1, x1, y2, x2, area) > iou_t).any():
+                    continue
+                kept.append(int(j))
+            out.extend((bi, ci, j) for j in kept)
+    return [np.array(out, dtype=np.int64).reshape(-1, 3)]
+
+
+def _iou(bi, j, kept, y1, x1, y2, x2, area) -> np.ndarray:
+    k = np.asarray(kept)
+    ih = np.minimum(y2[bi, j], y2[bi, k]) - np.maximum(y1[bi, j], y1[bi, k])
+    iw = np.minimum(x2[bi, j], x2[bi, k]) - np.maximum(x1[bi, j], x1[bi, k])
+    inter = np.where((ih > 0) & (iw > 0), ih * iw, 0.0)
+    union = area[bi, j] + area[bi, k] - inter
+    valid = (area[bi, j] > 0) & (area[bi, k] > 0) & (union > 0)
+    with np.errstate(all="ignore"):
+        return np.where(valid, inter / np.where(union > 0, union, 1.0), 0.0)
+
+
+def _unique(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    axis, sort = op.params
+    x = xs[0]
+    if axis is None:
+        y, first, inverse, counts = np.unique(
+            x.reshape(-1), return_index=True, return_inverse=True, return_counts=True
+        )
+    else:
+        y, first, inverse, counts = np.unique(
+            x, return_index=True, return_inverse=True, return_counts=True, axis=axis
+        )
+    inverse = inverse.reshape(-1)
+    if not sort:  # first-occurrence order
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        y = y[order] if axis is None else np.take(y, order, axis=axis)
+        first, counts, inverse = first[order], counts[order], rank[inverse]
+    i64 = np.int64
+    return [np.ascontiguousarray(y), first.astype(i64), inverse.astype(i64), counts.astype(i64)]
+
+
+def _slice(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    """ONNX Slice with bounds from data: clamped to the axis as the spec says."""
+    axes, steps = op.params
+    x, starts, ends = xs
+    index = [slice(None)] * x.ndim
+    for a, s0, e0, st in zip(axes, starts.tolist(), ends.tolist(), steps, strict=True):
+        n = x.shape[a]
+        s0 = s0 + n if s0 < 0 else s0
+        e0 = e0 + n if e0 < 0 else e0
+        if st > 0:
+            s0, e0 = min(max(s0, 0), n), min(max(e0, 0), n)
+        else:
+            s0, e0 = min(max(s0, 0), n - 1), min(max(e0, -1), n - 1)
+        index[a] = slice(s0, None if e0 < 0 else e0, st)
+    return [np.ascontiguousarray(x[tuple(index)])]
+
+
+# -- control flow ------------------------------------------------------------------------------
+def _flag(a: np.ndarray, what: str) -> bool:
+    a = np.asarray(a)
+    if a.size != 1:
+        raise EvaluationError(f"{what} must have one element, found shape {list(a.shape)}")
+    return bool(a.reshape(-1)[0])
+
+
+def _if(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    then_g, else_g, n_then = op.params
+    cond, caps = xs[0], xs[1:]
+    if _flag(cond, "if: the condition"):
+        return run(then_g, caps[:n_then])
+    return run(else_g, caps[n_then:])
+
+
+def _stack(parts: list[np.ndarray], shape, dtype, bindings: Mapping[str, int]) -> np.ndarray:
+    if parts:
+        return np.stack(parts)
+    dims = [d.eval(bindings) if d.symbols <= bindings.keys() else 0 for d in shape.dims]
+    return np.zeros([0, *dims[1:]], dtype.np)
+
+
+def _loop(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    body, has_m, has_cond, n_carried, n_scan = op.params
+    xs = list(xs)
+    trip = int(np.asarray(xs.pop(0)).reshape(-1)[0]) if has_m else None
+    cond = _flag(xs.pop(0), "loop: the condition") if has_cond else True
+    carried, caps = xs[:n_carried], xs[n_carried:]
+    limit = max_loop_iterations()
+    scans: list[list[np.ndarray]] = [[] for _ in range(n_scan)]
+    i = 0
+    while cond and (trip is None or i < trip):
+        if i >= limit:
+            raise EvaluationError(
+                f"loop: still running after {limit} iterations (trip count "
+                f"{'none' if trip is None else trip}); KN_MAX_LOOP_ITERATIONS raises the limit"
+            )
+        outs = run(body, [np.array(i, np.int64), np.array(cond), *carried, *caps])
+        cond = _flag(outs[0], "loop: the body's condition")
+        carried = outs[1 : 1 + n_carried]
+        for j in range(n_scan):
+            scans[j].append(outs[1 + n_carried + j])
+        i += 1
+    tail = op.shapes[n_carried:]
+    return [*carried] + [
+        _stack(p, tail[j], op.dtypes[n_carried + j], b) for j, p in enumerate(scans)
+    ]
+
+
+def _scan(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    body, n_state, n_in, in_axes, in_rev, out_axes, out_rev = op.params
+    state, ins, caps = xs[:n_state], xs[n_state : n_state + n_in], xs[n_state + n_in :]
+    lengths = {a.shape[ax] for a, ax in zip(ins, in_axes, strict=True)}
+    if len(lengths) > 1:
+        raise EvaluationError(f"scan: the scan inputs have different lengths {sorted(lengths)}")
+    n = lengths.pop() if lengths else 0
+    outs_per_step: list[list[np.ndarray]] = []
+    for t in range(n):
+        sl = [
+            np.take(a, n - 1 - t if r else t, axis=ax)
+            for a, ax, r in zip(ins, in_axes, in_rev, strict=True)
+        ]
+        outs = run(body, [*state, *sl, *caps])
+        state = outs[:n_state]
+        outs_per_step.append(outs[n_state:])
+    results = list(state)
+    for j, (ax, r) in enumerate(zip(out_axes, out_rev, strict=True)):
+        parts = [o[j] for o in outs_per_step]
+        if r:
+            parts = parts[::-1]
+        shape, dt = op.shapes[n_state + j], op.dtypes[n_state + j]
+        if parts:
+            results.append(np.stack(parts, axis=ax))
+        else:
+            dims = [d.eval(b) if d.symbols <= b.keys() else 0 for d in shape.dims]
+            results.append(np.zeros(dims, dt.np))
+    return results
+
+
+KINDS: dict[str, Run] = {
+    "nonzero": _nonzero,
+    "topk": _topk,
+    "nms": _nms,
+    "unique": _unique,
+    "slice": _slice,
+    "if": _if,
+    "loop": _loop,
+    "scan": _scan,
+}
+CONTROL = frozenset({"if", "loop", "scan"})
+"""Kinds with subgraphs (their first params are Graphs)."""
+
+
+def run_dynamic(
+    op: Dynamic, args: Sequence[np.ndarray], bindings: Mapping[str, int], run: RunGraph
+) -> list[np.ndarray]:
+    """Every result of `op` (not only `op.output`) computed on `args`."""
+    fn = KINDS.get(op.kind)
+    if fn is None:
+        raise EvaluationError(f"dynamic op of unknown kind '{op.kind}'")
+    return fn(op, list(args), bindings, run)
+
+
+def bind_results(
+    op: Dynamic, results: Sequence[np.ndarray], bindings: Mapping[str, int]
+) -> dict[str, int]:
+    """`bindings` plus the run-time symbols the results' sizes bind; ShapeMismatchError when a
+    result contradicts its declared shape or dtype (e.g. If branches of different sizes where
+    the graph assumed one)."""
+    if len(results) != len(op.shapes):
+        raise EvaluationError(f"{op.kind}: {len(results)} results, expected {len(op.shapes)}")
+    for j, (r, dt) in enumerate(zip(results, op.dtypes, strict=True)):
+        if r.dtype != dt.np:
+            raise EvaluationError(f"{op.kind}: result {j} is {r.dtype}, expected {dt}")
+    return infer_symbols(
+        list(op.shapes),
+        [r.shape for r in results],
+        [f"{op.kind} result {j}" for j in range(len(results))],
+        bindings,
+    )
+
+
+def describe_params(op: Dynamic) -> str:
+    """Attributes for printing: numbers and flags; subgraphs by their size."""
+    parts = []
+    for p in op.params:
+        if hasattr(p, "value_infos"):
+            parts.append(f"<graph of {len(p)} values>")
+        elif p is not None and not isinstance(p, tuple | bool):
+            parts.append(repr(p))
+    return f"({', '.join(parts)})" if parts else ""
