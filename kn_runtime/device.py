@@ -94,6 +94,8 @@ class Device:
             graph = load_onnx(graph)
         if isinstance(graph, ValueSpecializedModel):
             return SpecializingPreparedGraph(graph, self, batch_size, settings)
+        if self.kind == "cuda" and graph.has_dynamic:
+            return SegmentedCudaPreparedGraph(graph, self, batch_size, settings)
         if self.kind == "cuda":
             return CudaPreparedGraph(graph, self, batch_size, settings)
         return PreparedGraph(graph, self, batch_size)
@@ -232,6 +234,46 @@ class CudaPreparedGraph(PreparedGraph):
     def profile(self, inputs: Inputs) -> Any:
         with self._lock:
             return self.executor(self._bindings(inputs)).profile(inputs)
+
+
+class SegmentedCudaPreparedGraph(PreparedGraph):
+    """A graph with data-dependent ops (`Dynamic`) on a CUDA device, run segment by segment
+    (`kn_cuda_eval.segments`): each segment on an executor made once per binding of its sizes;
+    at each data-dependent point its arguments are copied to the host, it runs there (the CPU
+    semantics), and the sizes it produces bind the next segment. Values stay on the device
+    between segments."""
+
+    def __init__(self, graph: Graph, device: Device, batch_size: int | None, settings: Any) -> None:
+        super().__init__(graph, device, batch_size)
+        from kn_cuda_eval.segments import SegmentedRunner
+
+        self.settings = settings
+        self.executors: dict[tuple[int, tuple[tuple[str, int], ...]], Any] = {}
+        self._lock = threading.RLock()
+        self._runner = SegmentedRunner(self._run_segment)
+
+    def _run_segment(self, seg: Any, arrays: Any, bindings: Mapping[str, int]) -> list[Any]:
+        key = (seg.graph.id, tuple(sorted(bindings.items())))
+        ex = self.executors.get(key)
+        if ex is None:
+            from kn_cuda_eval.device import CudaExecutor
+
+            ex = CudaExecutor(
+                seg.graph, device=self.device.index, bindings=dict(bindings), settings=self.settings
+            )
+            self.executors[key] = ex
+        return ex.eval(list(arrays), return_device=True)  # type: ignore[no-any-return]
+
+    def eval(self, inputs: Inputs, *, return_device: bool = False) -> list[Any]:
+        with self._lock:
+            if self.batch_size is not None:
+                bind_inputs(self.graph, inputs, self.batch_size)  # the batch size is checked
+            return self._runner.run(self.graph, inputs, host_outputs=not return_device)
+
+    def profile(self, inputs: Inputs) -> Any:
+        raise KnError(
+            "profiling a graph with data-dependent ops (run in segments) is not supported"
+        )
 
 
 class SpecializingPreparedGraph(PreparedGraph):

@@ -9,6 +9,8 @@ None means "no match"; the value is then copied with `rw.copy(v)`.
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import assert_never
@@ -158,9 +160,30 @@ def copy_op(g: Graph, info: ValueInfo, op: Op) -> Value:
         case Attention(q, k, v, mask, scale, causal):
             return g.attention(q, k, v, mask, scale, causal)
         case Dynamic():
-            return g.dynamic_result(op)
+            return g.dynamic_result(_with_optimized_bodies(op))
         case _:
             assert_never(op)  # type: ignore[arg-type]
+
+
+_BODIES: weakref.WeakKeyDictionary[Graph, Graph] = weakref.WeakKeyDictionary()
+"""Each subgraph (If branch, Loop/Scan body) seen, with its optimized version (which maps to
+itself): rounds and repeated optimize calls optimize a body once."""
+
+
+def _with_optimized_bodies(op: Dynamic) -> Dynamic:
+    """`op` with its subgraphs optimized (same inputs and outputs, in order)."""
+    if not any(isinstance(p, Graph) for p in op.params):
+        return op
+    params = []
+    for p in op.params:
+        if isinstance(p, Graph):
+            opt = _BODIES.get(p)
+            if opt is None:
+                opt = optimize(p)
+                _BODIES[p] = _BODIES[opt] = opt
+            p = opt
+        params.append(p)
+    return dataclasses.replace(op, params=tuple(params))
 
 
 def _live(g: Graph) -> list[bool]:

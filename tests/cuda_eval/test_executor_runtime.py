@@ -129,3 +129,29 @@ def test_kn_run_on_the_fake_device(
     )
     assert "profile on cuda:0 (Fake GPU)" in out and "by kind:" in out
     assert fake.captures == 0  # one evaluation: no warm-up, no graph yet
+
+
+def test_data_dependent_graphs_run_in_segments_on_the_device(fake: FakeApi) -> None:
+    """NonZero picks rows for a MatMul: a CUDA device runs the graph segment by segment, one
+    executor per segment and binding of its run-time sizes, values staying on the device."""
+    from kn_runtime.device import SegmentedCudaPreparedGraph
+
+    g = Graph()
+    x = g.input(Shape.of(Size.sym("n"), 4), DType.F32, "x")
+    n = g.fresh_symbol("nonzero")
+    col = g.view(g.slice_raw(x, 1, 0, 1, 1), Shape.of(Size.sym("n")))
+    (idx,) = g.dynamic("nonzero", [g.relu(col)], (), [Shape.of(1, n)], [DType.I64])
+    rows = g.gather(x, 0, g.view(idx, Shape.of(n)))
+    w = g.constant(np.arange(12, dtype=np.float32).reshape(1, 4, 3) / 7)
+    g.add_output(g.matmul(g.view(rows, Shape.of(1, n, 4)), w), "y")
+    prepared = Device("cuda", 0).prepare(g)
+    assert isinstance(prepared, SegmentedCudaPreparedGraph)
+    rng = np.random.default_rng(4)
+    for rows_in in (6, 11, 6):
+        xs = rng.standard_normal((rows_in, 4)).astype(np.float32)
+        want = Device.cpu().prepare(g).eval([xs])[0]
+        got = prepared.eval([xs])[0]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # two segments per binding of n (the mask, then the gathered MatMul), reused for 6 rows
+    assert len({k[1] for k in prepared.executors}) >= 2

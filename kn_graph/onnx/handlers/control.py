@@ -33,13 +33,14 @@ MAX_UNROLL_NODES = 4096
 
 
 # -- If -------------------------------------------------------------------------------------------
-def _known_condition(ctx: NodeContext) -> bool | None:
-    k = ctx.input_known(0)
+def _known_condition(ctx: NodeContext, i: int) -> bool | None:
+    """Input i (a condition) when known at load time, else None."""
+    k = ctx.input_known(i)
     if k is None:
-        arr = ctx.graph.const_value(ctx.input(0))
+        arr = ctx.graph.const_value(ctx.input(i))
         if arr is None:
             return None
-        k = Known(arr, ctx.input_dtype(0))
+        k = Known(arr, ctx.input_dtype(i))
     if k.data.size != 1:
         ctx.unsupported(f"the condition must have one element, found shape {list(k.shape)}")
     if k.is_symbolic:
@@ -63,7 +64,7 @@ def if_(ctx: NodeContext) -> list[Result]:
             ctx.unsupported(f"the {label} branch has {len(b.output)} outputs, the node {n}")
         if b.input:
             ctx.unsupported(f"the {label} branch has inputs")
-    taken = _known_condition(ctx)
+    taken = _known_condition(ctx, 0)
     if taken is not None:
         return ctx.loader.inline_graph(then_branch if taken else else_branch, ctx)
     g = ctx.graph
@@ -210,7 +211,7 @@ def loop(ctx: NodeContext) -> list[Result]:
     trip = None
     if m_known is not None and not m_known.is_symbolic:
         trip = int(m_known.data.reshape(-1)[0])
-    cond_known = _known_condition(ctx) if ctx.has_input(1) else True
+    cond_known = _known_condition(ctx, 1) if ctx.has_input(1) else True
     if cond_known is False:  # the body never runs
         if n_scan:
             ctx.unsupported("a loop that never runs, with scan outputs")
