@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from kn_graph.cpu import bind_inputs
+from kn_graph.cpu import bind_shapes, inputs_in_order
 from kn_graph.dynamic import bind_results, run_dynamic
 from kn_graph.errors import EvaluationError, KnError
 from kn_graph.graph import Graph
@@ -155,6 +155,7 @@ def _segment(
     copy_op: Callable[..., Value],
 ) -> Segment:
     sub = Graph()
+    sub.equate = sub.guard_equal  # sizes the loader equated stay equated (with their guards)
     mapping: dict[int, Value] = {}
     inputs: list[int] = []
     member_set = set(members)
@@ -215,12 +216,20 @@ class SegmentedRunner:
                 sg = self._splits[graph.id] = split(graph)
             return sg
 
-    def run(self, graph: Graph, inputs: Any, *, host_outputs: bool = True) -> list[Any]:
-        """Evaluate `graph` on `inputs` (a list in input order or a name map)."""
-        arrays, bindings = bind_inputs(graph, [_to_host(a) for a in _ordered(graph, inputs)])
-        del arrays  # checked on the host; the device arrays themselves go on
+    def run(
+        self,
+        graph: Graph,
+        inputs: Any,
+        batch_size: int | None = None,
+        *,
+        host_outputs: bool = True,
+    ) -> list[Any]:
+        """Evaluate `graph` on `inputs` (a list in input order or a name map; NumPy or device
+        arrays). Outputs are NumPy arrays, or with `host_outputs=False` where they were made
+        (device arrays from segments, NumPy arrays from host points)."""
+        bindings = bind_shapes(graph, inputs, batch_size)
         env: dict[int, Any] = {}
-        for v, a in zip(graph.inputs, _ordered(graph, inputs), strict=True):
+        for v, a in zip(graph.inputs, inputs_in_order(graph.input_names, inputs), strict=True):
             env[v.index] = a
         for stage in self.segmented(graph).stages:
             if isinstance(stage, Segment):
@@ -255,12 +264,6 @@ class SegmentedRunner:
         if arr is None:
             raise EvaluationError(f"internal: {graph.format_value(v)} was never computed")
         return arr
-
-
-def _ordered(graph: Graph, inputs: Any) -> list[Any]:
-    from kn_graph.cpu import inputs_in_order
-
-    return inputs_in_order(graph.input_names, inputs)
 
 
 @functools.cache

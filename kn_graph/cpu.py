@@ -58,7 +58,7 @@ from kn_graph.ops import (
 )
 from kn_graph.shape import BATCH, infer_symbols
 
-__all__ = ["available_bytes", "bind_inputs", "evaluate", "inputs_in_order"]
+__all__ = ["available_bytes", "bind_inputs", "bind_shapes", "evaluate", "inputs_in_order"]
 
 Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
 
@@ -122,6 +122,43 @@ def bind_inputs(
     except ShapeMismatchError as e:  # a bad input shape is an input mismatch (a subclass)
         raise InputMismatchError(str(e)) from e
     return out, bindings
+
+
+def bind_shapes(graph: Graph, inputs: Any, batch_size: int | None = None) -> dict[str, int]:
+    """The symbol bindings of inputs given as anything with `.shape` and `.dtype` (NumPy, CuPy or
+    torch arrays: nothing is copied), with the checks of `bind_inputs`."""
+    names = graph.input_names
+    arrays = inputs_in_order(names, inputs)
+    shapes = []
+    for name, v, a in zip(names, graph.inputs, arrays, strict=True):
+        if not (hasattr(a, "shape") and hasattr(a, "dtype")):
+            a = np.asarray(a)
+        want = graph[v].dtype
+        if _np_dtype(a.dtype) != want.np:
+            raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
+        shapes.append(tuple(int(d) for d in a.shape))
+    known = {BATCH: int(batch_size)} if batch_size is not None else None
+    try:
+        bindings = infer_symbols(
+            [graph[v].shape for v in graph.inputs], shapes, [f"input '{n}'" for n in names], known
+        )
+        graph.check_bindings(bindings)
+        return bindings
+    except InputMismatchError:
+        raise
+    except ShapeMismatchError as e:
+        raise InputMismatchError(str(e)) from e
+
+
+def _np_dtype(dt: Any) -> np.dtype | None:
+    """A NumPy dtype for NumPy/CuPy dtypes and torch's (`torch.float32`); None if unknown."""
+    try:
+        return np.dtype(dt)
+    except TypeError:
+        try:
+            return np.dtype(str(dt).removeprefix("torch."))
+        except TypeError:
+            return None
 
 
 def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> list[np.ndarray]:

@@ -17,17 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from kn_graph.cpu import bind_inputs, evaluate, inputs_in_order
+from kn_graph.cpu import bind_inputs, bind_shapes, evaluate, inputs_in_order
 from kn_graph.errors import (
     ArgumentTypeError,
     ArgumentValueError,
     CudaUnavailableError,
-    InputMismatchError,
     KnError,
-    ShapeMismatchError,
 )
 from kn_graph.graph import Graph
-from kn_graph.shape import BATCH, infer_symbols
+from kn_graph.shape import BATCH
 
 __all__ = ["Device", "PreparedGraph"]
 
@@ -197,32 +195,7 @@ class CudaPreparedGraph(PreparedGraph):
         return ex
 
     def _bindings(self, inputs: Inputs) -> dict[str, int]:
-        """Symbols from the inputs' shapes and dtypes (device arrays answer `.shape` and `.dtype`
-        without a copy); raises InputMismatchError as the CPU device does."""
-        names = self.graph.input_names
-        arrays = inputs_in_order(names, inputs)
-        shapes = []
-        for name, v, a in zip(names, self.graph.inputs, arrays, strict=True):
-            if not (hasattr(a, "shape") and hasattr(a, "dtype")):
-                a = np.asarray(a)
-            want = self.graph[v].dtype
-            if _np_dtype(a.dtype) != want.np:
-                raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
-            shapes.append(tuple(int(d) for d in a.shape))
-        known = {BATCH: int(self.batch_size)} if self.batch_size is not None else None
-        try:
-            bindings = infer_symbols(
-                [self.graph[v].shape for v in self.graph.inputs],
-                shapes,
-                [f"input '{n}'" for n in names],
-                known,
-            )
-            self.graph.check_bindings(bindings)
-            return bindings
-        except InputMismatchError:
-            raise
-        except ShapeMismatchError as e:
-            raise InputMismatchError(str(e)) from e
+        return bind_shapes(self.graph, inputs, self.batch_size)
 
     def eval(self, inputs: Inputs, *, return_device: bool = False) -> list[Any]:
         """Evaluate on the device; NumPy or device arrays in, NumPy (or device) arrays out.
@@ -266,9 +239,9 @@ class SegmentedCudaPreparedGraph(PreparedGraph):
 
     def eval(self, inputs: Inputs, *, return_device: bool = False) -> list[Any]:
         with self._lock:
-            if self.batch_size is not None:
-                bind_inputs(self.graph, inputs, self.batch_size)  # the batch size is checked
-            return self._runner.run(self.graph, inputs, host_outputs=not return_device)
+            return self._runner.run(
+                self.graph, inputs, self.batch_size, host_outputs=not return_device
+            )
 
     def profile(self, inputs: Inputs) -> Any:
         raise KnError(
@@ -322,14 +295,3 @@ class SpecializingPreparedGraph(PreparedGraph):
 
     def __repr__(self) -> str:
         return f"<SpecializingPreparedGraph on {self.device}, {self.model!r}>"
-
-
-def _np_dtype(dt: Any) -> np.dtype | None:
-    """A NumPy dtype for NumPy/CuPy dtypes and torch's (`torch.float32`); None if unknown."""
-    try:
-        return np.dtype(dt)
-    except TypeError:
-        try:
-            return np.dtype(str(dt).removeprefix("torch."))
-        except TypeError:
-            return None

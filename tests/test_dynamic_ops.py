@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from kn_cuda_eval.segments import HostPoint, Segment, emulate_graph, split
 from kn_graph.cpu import evaluate
-from kn_graph.errors import EvaluationError, KnError
+from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
 from kn_graph.onnx import load_onnx
 from kn_graph.optimizer import optimize
 from tests.cuda_eval.helpers import check_plan
@@ -262,3 +262,18 @@ def test_split_puts_host_points_between_segments() -> None:
     assert HostPoint in kinds and kinds[-1] is Segment
     for feed in ({"x": np.array([0, 1, 2], np.float32)}, {"x": np.arange(9, dtype=np.float32)}):
         np.testing.assert_array_equal(emulate_graph(g, feed)[0], evaluate(g, feed)[0])
+
+
+def test_guards_on_a_run_time_size_are_checked_when_it_is_bound() -> None:
+    """Reshape(NonZero indices, [-1, 2]) assumes an even count: the guard is checked once the
+    count is known, naming the node, on every path."""
+    nodes = [node("NonZero", ["x"], ["nz"]), node("Reshape", ["nz", "shape"], ["y"])]
+    x = np.array([1, 0, 2, 3, 0, 4], np.float32)
+    m = model(nodes, {"x": x}, inits={"shape": np.array([-1, 2])}, dims={"x": ["n"]})
+    g = load_onnx(m)
+    assert any("nonzero" in str(gd) for gd in g.guards), g.guards
+    np.testing.assert_array_equal(evaluate(g, {"x": x})[0], reference(m, {"x": x})[0])
+    odd = np.array([1, 0, 2, 0, 0, 4], np.float32)
+    for run in (evaluate, emulate_graph):
+        with pytest.raises(ShapeMismatchError, match="Reshape"):
+            run(g, {"x": odd})
