@@ -80,58 +80,83 @@ def _topk(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph
 
 
 def _nms(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
-    """ONNX NonMaxSuppression as onnxruntime computes it: per batch and class, candidates with a
-    score above the threshold in score order (ties: lower box index first), each kept unless its
-    IoU with a kept box exceeds the threshold, at most max_output_boxes_per_class."""
+    """ONNX NonMaxSuppression as onnxruntime computes it (float32 arithmetic, the same order of
+    operations): per batch and class, the candidates scoring above the threshold in score order
+    (ties: lower box index first); each is kept unless its IoU with a kept box exceeds the
+    threshold; at most max_output_boxes_per_class."""
     center, has_max, has_iou, has_score = op.params
     boxes, scores, *rest = xs
     rest = list(rest)
     max_out = int(np.asarray(rest.pop(0)).reshape(-1)[0]) if has_max else 0
-    iou_t = float(np.asarray(rest.pop(0)).reshape(-1)[0]) if has_iou else 0.0
-    score_t = float(np.asarray(rest.pop(0)).reshape(-1)[0]) if has_score else None
-    nb, nc, ns = scores.shape
+    iou_t = np.float32(np.asarray(rest.pop(0)).reshape(-1)[0]) if has_iou else np.float32(0)
+    score_t = np.float32(np.asarray(rest.pop(0)).reshape(-1)[0]) if has_score else None
+    nb, _, ns = scores.shape
     if boxes.shape != (nb, ns, 4):
         raise EvaluationError(
             f"nms: boxes {list(boxes.shape)} do not match scores {list(scores.shape)}"
         )
-    bx = boxes.astype(np.float64)
+    bx = boxes.astype(np.float32)
     if center:
-        xc, yc, w, h = bx[..., 0], bx[..., 1], bx[..., 2], bx[..., 3]
-        y1, x1, y2, x2 = yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2
+        half_w, half_h = bx[..., 2] / np.float32(2), bx[..., 3] / np.float32(2)
+        x1, x2 = bx[..., 0] - half_w, bx[..., 0] + half_w
+        y1, y2 = bx[..., 1] - half_h, bx[..., 1] + half_h
     else:
-        y1 = np.minimum(bx[..., 0], bx[..., 2])
-        y2 = np.maximum(bx[..., 0], bx[..., 2])
-        x1 = np.minimum(bx[..., 1], bx[..., 3])
-        x2 = np.maximum(bx[..., 1], bx[..., 3])
-    area = (y2 - y1) * (x2 - x1)
-    out: list[tuple[int, int, int]] = []
-    for bi in range(nb):
-        for ci in range(nc):
-            if max_out <= 0:
-                break
-            s = scores[bi, ci].astype(np.float64)
-            cand = np.arange(ns) if score_t is None else np.nonzero(s > score_t)[0]
-            cand = cand[np.argsort(-s[cand], kind="stable")]
-            kept: list[int] = []
-            for j in cand:
-                if len(kept) >= max_out:
-                    break
-                if kept and (_iou(bi, j, kept, y1, x1, y2, x2, area) > iou_t).any():
-                    continue
-                kept.append(int(j))
-            out.extend((bi, ci, j) for j in kept)
-    return [np.array(out, dtype=np.int64).reshape(-1, 3)]
+        y1, y2 = np.minimum(bx[..., 0], bx[..., 2]), np.maximum(bx[..., 0], bx[..., 2])
+        x1, x2 = np.minimum(bx[..., 1], bx[..., 3]), np.maximum(bx[..., 1], bx[..., 3])
+    area = (x2 - x1) * (y2 - y1)
+    out: list[np.ndarray] = []
+    for bi in range(nb if max_out > 0 else 0):
+        picks = _nms_batch(
+            scores[bi].astype(np.float32),
+            score_t,
+            max_out,
+            iou_t,
+            x1[bi],
+            y1[bi],
+            x2[bi],
+            y2[bi],
+            area[bi],
+        )
+        for ci, kept in enumerate(picks):
+            rows = np.empty((len(kept), 3), np.int64)
+            rows[:, 0], rows[:, 1], rows[:, 2] = bi, ci, kept
+            out.append(rows)
+    return [np.concatenate(out) if out else np.zeros((0, 3), np.int64)]
 
 
-def _iou(bi, j, kept, y1, x1, y2, x2, area) -> np.ndarray:
-    k = np.asarray(kept)
-    ih = np.minimum(y2[bi, j], y2[bi, k]) - np.maximum(y1[bi, j], y1[bi, k])
-    iw = np.minimum(x2[bi, j], x2[bi, k]) - np.maximum(x1[bi, j], x1[bi, k])
-    inter = np.where((ih > 0) & (iw > 0), ih * iw, 0.0)
-    union = area[bi, j] + area[bi, k] - inter
-    valid = (area[bi, j] > 0) & (area[bi, k] > 0) & (union > 0)
-    with np.errstate(all="ignore"):
-        return np.where(valid, inter / np.where(union > 0, union, 1.0), 0.0)
+def _nms_batch(s, score_t, max_out, iou_t, x1, y1, x2, y2, area) -> list[list[int]]:
+    """Greedy NMS of every class of one batch at once: per step, each class keeps its best live
+    candidate and suppresses what overlaps it (arrays [classes, candidates])."""
+    nc = s.shape[0]
+    live = np.ones_like(s, bool) if score_t is None else s > score_t
+    counts = live.sum(axis=1)
+    width = int(counts.max()) if nc else 0
+    key = np.where(live, -s, np.float32(np.inf))
+    order = np.argsort(key, axis=1, kind="stable")[:, :width]  # box index per (class, rank)
+    alive = np.arange(width)[None, :] < counts[:, None]
+    picks: list[list[int]] = [[] for _ in range(nc)]
+    rows = np.arange(nc)
+    ox1, oy1, ox2, oy2, oarea = x1[order], y1[order], x2[order], y2[order], area[order]
+    for _ in range(min(max_out, width)):
+        first = np.argmax(alive, axis=1)
+        has = alive[rows, first]
+        if not has.any():
+            break
+        j = order[rows, first]
+        for ci in np.flatnonzero(has):
+            picks[ci].append(int(j[ci]))
+        alive[rows, first] = False
+        jj = j[:, None]
+        ix = np.maximum(np.minimum(x2[jj], ox2) - np.maximum(x1[jj], ox1), 0)
+        iy = np.maximum(np.minimum(y2[jj], oy2) - np.maximum(y1[jj], oy1), 0)
+        inter = ix * iy
+        a1, a2 = area[jj], oarea
+        union = a1 + a2 - inter
+        ok = (a1 > 0) & (a2 > 0) & (union > 0)
+        with np.errstate(all="ignore"):
+            iou = inter / np.where(ok, union, np.float32(1))
+        alive &= ~(ok & (iou > iou_t) & has[:, None])
+    return picks
 
 
 def _unique(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
