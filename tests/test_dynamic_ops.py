@@ -277,3 +277,40 @@ def test_guards_on_a_run_time_size_are_checked_when_it_is_bound() -> None:
     for run in (evaluate, emulate_graph):
         with pytest.raises(ShapeMismatchError, match="Reshape"):
             run(g, {"x": odd})
+
+
+def test_loop_over_a_symbolic_trip_count_has_expression_sizes() -> None:
+    """for i in range(len(x)): acc += x[i]; scan acc — the trip count is Shape(x)[0], so the
+    scan output is [n, 3] (an expression, not a run-time size) and 200 steps are not unrolled."""
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [
+            node("Gather", ["x", "i"], ["row"], axis=0),
+            node("Add", ["acc", "row"], ["acc_out"]),
+            node("Identity", ["c_in"], ["c_out"]),
+            node("Identity", ["acc_out"], ["scan"]),
+        ],
+        "body",
+        [
+            vi("i", TensorProto.INT64, []),
+            vi("c_in", TensorProto.BOOL, []),
+            vi("acc", TensorProto.FLOAT, [3]),
+        ],
+        [
+            vi("c_out", TensorProto.BOOL, []),
+            vi("acc_out", TensorProto.FLOAT, [3]),
+            vi("scan", TensorProto.FLOAT, [3]),
+        ],
+    )
+    nodes = [
+        node("Shape", ["x"], ["sh"]),
+        node("Gather", ["sh", "zero"], ["n"], axis=0),
+        node("Loop", ["n", "true", "a0"], ["acc", "rows"], body=body),
+    ]
+    inits = {"zero": np.array(0), "true": np.array(True), "a0": np.zeros(3, np.float32)}
+    feed1 = {"x": RNG.standard_normal((7, 3)).astype(np.float32)}
+    feed2 = {"x": RNG.standard_normal((200, 3)).astype(np.float32)}
+    m = model(nodes, feed1, ["acc", "rows"], inits=inits, dims={"x": ["n", 3]})
+    g = load_onnx(m)
+    assert str(g[g.outputs[1]].shape) == "[n,3]"
+    run_everywhere(m, [feed1, feed2])

@@ -219,7 +219,7 @@ def loop(ctx: NodeContext) -> list[Result]:
     init = [ctx.raw_input(2 + j) for j in range(n_state)]
     if trip is not None and cond_known is True and _stays_true(sub) and _small_enough(trip, sub):
         return _unrolled_loop(ctx, sub, trip, init, n_state)
-    return _dynamic_loop(ctx, sub, init, n_state, n_scan, m_known, trip)
+    return _dynamic_loop(ctx, sub, init, n_state, n_scan, m_known, cond_known)
 
 
 def _unrolled_loop(
@@ -251,7 +251,7 @@ def _dynamic_loop(
     n_state: int,
     n_scan: int,
     m_known: Known | None,
-    trip: int | None,
+    cond_known: bool | None,
 ) -> list[Result]:
     g = ctx.graph
     init_v = [_tensor(ctx, r, f"loop-carried value {j}") for j, r in enumerate(init)]
@@ -278,15 +278,10 @@ def _dynamic_loop(
         shapes.append(
             Shape(tuple(g.fresh_symbol("loop") if a in axes else d for a, d in enumerate(shape)))
         )
-    fixed_trip = (
-        m_known is not None
-        and not has_cond
-        and _stays_true(sub)
-        and (trip is not None or m_known.data.size == 1)
-    )
-    iters = (m_known.sizes()[0] if fixed_trip and m_known is not None else None) or g.fresh_symbol(
-        "loop_iterations"
-    )
+    if m_known is not None and cond_known is True and _stays_true(sub):
+        iters = m_known.sizes()[0]  # the trip count, known (maybe symbolic) at load time
+    else:
+        iters = g.fresh_symbol("loop_iterations")
     for j in range(n_scan):
         out = body.outputs[1 + n_state + j]
         shapes.append(_outer_shape(g, body[out].shape, local, "loop").insert(0, iters))
