@@ -198,6 +198,63 @@ def _slice(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGrap
     return [np.ascontiguousarray(x[tuple(index)])]
 
 
+_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _wrapped(idx: np.ndarray, n: int, what: str) -> np.ndarray:
+    """Indices with negatives counted from the end; EvaluationError for any out of range."""
+    out = np.where(idx < 0, idx + n, idx)
+    bad = (out < 0) | (out >= n)
+    if bad.any():
+        raise EvaluationError(f"{what}: index {int(idx[bad][0])} out of range for size {n}")
+    return out
+
+
+def _scatter_into(
+    data: np.ndarray, where: tuple[np.ndarray, ...], upd: np.ndarray, reduction: str
+) -> np.ndarray:
+    out = data.copy()
+    if reduction == "none":  # in order: a repeated position keeps the last write
+        out[where] = upd
+    elif reduction in _REDUCE:
+        _REDUCE[reduction].at(out, where, upd)
+    else:
+        raise EvaluationError(f"scatter: reduction '{reduction}' is not supported")
+    return out
+
+
+def _scatter_elements(
+    op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph
+) -> list:
+    axis, reduction = op.params
+    data, idx, upd = xs
+    if idx.shape != upd.shape or idx.ndim != data.ndim:
+        raise EvaluationError(
+            f"scatter_elements: indices {list(idx.shape)}, updates {list(upd.shape)} and data "
+            f"{list(data.shape)} do not fit"
+        )
+    if any(i > d for a, (i, d) in enumerate(zip(idx.shape, data.shape, strict=True)) if a != axis):
+        raise EvaluationError(
+            f"scatter_elements: indices {list(idx.shape)} exceed data {list(data.shape)}"
+        )
+    where = list(np.indices(idx.shape, sparse=True))
+    where[axis] = _wrapped(idx, data.shape[axis], "scatter_elements")
+    return [_scatter_into(data, tuple(where), upd, reduction)]
+
+
+def _scatter_nd(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    (reduction,) = op.params
+    data, idx, upd = xs
+    k = idx.shape[-1] if idx.ndim else 0
+    if idx.ndim < 1 or k > data.ndim or upd.shape != idx.shape[:-1] + data.shape[k:]:
+        raise EvaluationError(
+            f"scatter_nd: indices {list(idx.shape)}, updates {list(upd.shape)} and data "
+            f"{list(data.shape)} do not fit"
+        )
+    where = tuple(_wrapped(idx[..., j], data.shape[j], "scatter_nd") for j in range(k))
+    return [_scatter_into(data, where, upd, reduction)]
+
+
 # -- control flow ------------------------------------------------------------------------------
 def _flag(a: np.ndarray, what: str) -> bool:
     a = np.asarray(a)
@@ -284,6 +341,8 @@ KINDS: dict[str, Run] = {
     "nms": _nms,
     "unique": _unique,
     "slice": _slice,
+    "scatter_elements": _scatter_elements,
+    "scatter_nd": _scatter_nd,
     "if": _if,
     "loop": _loop,
     "scan": _scan,

@@ -314,3 +314,29 @@ def test_loop_over_a_symbolic_trip_count_has_expression_sizes() -> None:
     g = load_onnx(m)
     assert str(g[g.outputs[1]].shape) == "[n,3]"
     run_everywhere(m, [feed1, feed2])
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "max"])
+def test_scatter_with_indices_from_data(reduction: str) -> None:
+    """ScatterND / ScatterElements whose indices are computed (argmax of scores): one load, no
+    specialization per value; a bad index raises naming the node."""
+    nodes = [
+        node("ArgMax", ["s"], ["am"], axis=1, keepdims=1),
+        node("ScatterElements", ["x", "am", "u"], ["y"], axis=1, reduction=reduction),
+        node("Unsqueeze", ["am", "ax"], ["am3"]),
+        node("Squeeze", ["am3", "ax"], ["am2"]),
+        node("ScatterND", ["x", "pairs", "row"], ["z"], reduction=reduction),
+    ]
+    x = RNG.standard_normal((4, 5)).astype(np.float32)
+    feed = {
+        "x": x,
+        "s": RNG.standard_normal((4, 5)).astype(np.float32),
+        "u": RNG.standard_normal((4, 1)).astype(np.float32),
+        "pairs": np.array([[1], [3], [1]]),
+        "row": RNG.standard_normal((3, 5)).astype(np.float32),
+    }
+    m = model(nodes, feed, ["y", "z"], inits={"ax": np.array([2])}, opset=18)
+    run_everywhere(m, [feed, {**feed, "s": RNG.standard_normal((4, 5)).astype(np.float32)}])
+    g = load_onnx(m)
+    with pytest.raises(EvaluationError, match="scatter_nd: index 7 out of range"):
+        evaluate(g, {**feed, "pairs": np.array([[1], [7], [1]])})

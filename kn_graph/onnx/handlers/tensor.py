@@ -524,8 +524,31 @@ def _scatter_shapes(ctx: NodeContext) -> tuple[tuple[int, ...], np.ndarray]:
     return dims, idx.astype(np.int64)
 
 
+def _data_indices(ctx: NodeContext) -> bool:
+    """Scatter indices computed from data (not known at load time)."""
+    return ctx.input_known(1) is None and ctx.graph.const_value(ctx.input(1)) is None
+
+
+def _dynamic_scatter(ctx: NodeContext, kind: str, params: tuple[object, ...]) -> Result:
+    """Scatter with indices from data: a Dynamic op (the writes are data-dependent; the result
+    has the data's shape), indices checked when it runs."""
+    g = ctx.graph
+    data, idx, upd = ctx.input(0), ctx.input(1), ctx.input(2)
+    if g[idx].dtype.np.kind not in "iu":
+        ctx.unsupported(f"indices must be integers, found {g[idx].dtype}")
+    if g[upd].dtype != g[data].dtype:
+        ctx.unsupported(f"updates are {g[upd].dtype}, data {g[data].dtype}")
+    (out,) = g.dynamic(
+        kind, [data, g.cast(idx, DType.I64), upd], params, [g[data].shape], [g[data].dtype]
+    )
+    return out
+
+
 @onnx_op("Scatter", "ScatterElements")
 def scatter_elements(ctx: NodeContext) -> Result:
+    if _data_indices(ctx):
+        axis = axis_of(ctx, ctx.attr_int("axis", 0), ctx.input_rank(0))
+        return _dynamic_scatter(ctx, "scatter_elements", (axis, ctx.attr_str("reduction", "none")))
     dims, idx = _scatter_shapes(ctx)
     axis = axis_of(ctx, ctx.attr_int("axis", 0), len(dims))
     reduction = ctx.attr_str("reduction", "none")
@@ -540,6 +563,8 @@ def scatter_elements(ctx: NodeContext) -> Result:
 
 @onnx_op("ScatterND")
 def scatter_nd(ctx: NodeContext) -> Result:
+    if _data_indices(ctx):
+        return _dynamic_scatter(ctx, "scatter_nd", (ctx.attr_str("reduction", "none"),))
     dims, idx = _scatter_shapes(ctx)
     reduction = ctx.attr_str("reduction", "none")
     if idx.ndim < 1 or idx.shape[-1] > len(dims):
