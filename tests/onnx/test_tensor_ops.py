@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 from kn_graph.cpu import evaluate
-from kn_graph.errors import EvaluationError, StaticInputRequiredError, UnsupportedOnnxError
+from kn_graph.errors import EvaluationError, UnsupportedOnnxError
 from kn_graph.onnx import load_onnx
 from kn_graph.shape import Shape, Size
 from kn_runtime import Device
@@ -378,19 +378,17 @@ def test_scatter_nd(reduction: str) -> None:
     )
 
 
-def test_scatter_with_runtime_indices_needs_them_at_load_time() -> None:
+def test_scatter_with_runtime_indices_loads_once() -> None:
     data = np.zeros((3, 4), np.float32)
     m = make_model(
         [node("ScatterElements", ["d", "i", "u"], ["y"])],
         {"d": data, "i": np.zeros((1, 4), np.int64), "u": np.ones((1, 4), np.float32)},
         ["y"],
     )
-    with pytest.raises(StaticInputRequiredError):
-        load_onnx(m, static=True)
     idx = np.array([[2, 0, 1, 2]], np.int64)
     (y,) = (
         Device.cpu()
-        .prepare(load_onnx(m))
+        .prepare(load_onnx(m, static=True))  # indices from data: no specialization needed
         .eval({"d": data, "i": idx, "u": np.ones((1, 4), np.float32)})
     )
     want = data.copy()
