@@ -12,10 +12,11 @@ from typing import Literal
 
 import numpy as np
 
+from kn_graph.dtype import DType
 from kn_graph.onnx.context import NodeContext, Result, onnx_op
 from kn_graph.onnx.handlers.spatial import Window, kernel_attr, read_window
 from kn_graph.ops import ReduceOp, UnaryOp, Value
-from kn_graph.shape import Shape
+from kn_graph.shape import Shape, Size
 
 __all__ = ["average_pool", "global_lp_pool", "global_pool", "lp_pool", "max_pool"]
 
@@ -142,3 +143,47 @@ def global_lp_pool(ctx: NodeContext) -> Result:
     p = ctx.attr_int("p", 2)
     s = g.reduce(_abs_pow(ctx, x, p), range(2, g[x].rank), ReduceOp.SUM, keepdims=True)
     return _root(ctx, s, p)
+
+
+@onnx_op("MaxUnpool")
+def max_unpool(ctx: NodeContext) -> Result:
+    """The values of X written at the flat positions I (MaxPool's indices: flat over the whole
+    N,C,spatial output) of a zero tensor; the output size from `output_shape` or from the window
+    ((in - 1)·stride - pads + kernel). A scatter with indices from data: a Dynamic op."""
+    g = ctx.graph
+    x, idx = ctx.input(0), ctx.input(1)
+    shape = g[x].shape
+    kernel = kernel_attr(ctx, shape.rank - 2, True)
+    assert kernel is not None
+    strides = ctx.attr_ints("strides", [1] * len(kernel)) or []
+    pads = ctx.attr_ints("pads", [0] * 2 * len(kernel)) or []
+    n = len(kernel)
+    out_dims = [shape[0], shape[1]] + [
+        (shape[2 + i] - 1) * strides[i] - pads[i] - pads[n + i] + kernel[i] for i in range(n)
+    ]
+    out = Shape.of(*out_dims)
+    if g[idx].shape != shape:
+        ctx.unsupported(f"indices {g[idx].shape} must have the shape of X {shape}")
+    zeros = g.full(0, Shape.of(out.size()), g[x].dtype)
+    flat_i = g.view(g.cast(idx, DType.I64), Shape.of(shape.size(), 1))
+    (y,) = g.dynamic(
+        "scatter_nd",
+        [zeros, flat_i, g.view(x, Shape.of(shape.size()))],
+        ("none",),
+        [Shape.of(out.size())],
+        [g[x].dtype],
+    )
+    y = g.view(y, out)
+    if ctx.has_input(2):  # indices address the default size; a larger output is zero-padded
+        want = ctx.input_sizes(2, "output_shape")
+        if len(want) != out.rank:
+            ctx.unsupported(f"output_shape {want} for a rank-{out.rank} output")
+        for axis, (have, size) in enumerate(zip(out.dims, want, strict=True)):
+            extra = size - have
+            if extra.fixed_value() is not None and extra.as_int() < 0:
+                ctx.unsupported(f"output_shape {want} is smaller than the unpooled size {out}")
+            if extra != Size(0):
+                zpad = g.full(0, out.replace(axis, extra), g[x].dtype)
+                y = g.concat([y, zpad], axis)
+                out = out.replace(axis, size)
+    return y
