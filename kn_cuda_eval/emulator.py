@@ -67,9 +67,7 @@ def emulate(
     return [np.array(_nd(arena, v)) for v in plan.outputs]
 
 
-def load_arena(
-    plan: Plan, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
-) -> np.ndarray:
+def load_arena(plan: Plan, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> np.ndarray:
     """The arena before the first step: 0xFF everywhere, then the constants, the inputs and a
     zero status word (what `emulate` starts from; the host kernel check steps through it)."""
     if isinstance(inputs, Mapping):
