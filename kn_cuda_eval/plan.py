@@ -25,6 +25,7 @@ from kn_cuda_eval.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.errors import ArgumentTypeError, ArgumentValueError, PlanError
 from kn_graph.graph import Graph
+from kn_graph.ops import Dynamic
 
 if TYPE_CHECKING:
     from kn_cuda_eval.kernels.launch import KernelLaunch
@@ -129,6 +130,12 @@ def plan(
     from kn_cuda_eval.planner import PlanSettings, _Planner, bind_symbols
 
     _check_arguments(graph, batch_size, bindings, settings)
+    if graph.has_dynamic:
+        kinds = sorted({i.op.kind for i in graph.value_infos() if isinstance(i.op, Dynamic)})
+        raise PlanError(
+            f"plan: the graph has data-dependent ops ({', '.join(kinds)}), whose sizes are known "
+            "only at run time; run it in segments (kn_cuda_eval.segments, as devices do)"
+        )
     sets = settings if settings is not None else PlanSettings()
     binds = bind_symbols(graph, batch_size, bindings)
     p = _Planner(graph, binds, sets)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from kn_graph.cpu import bind_shapes, inputs_in_order
-from kn_graph.dynamic import bind_results, run_dynamic
+from kn_graph.dynamic import bind_results, outer_bindings, run_dynamic
 from kn_graph.errors import EvaluationError, KnError
 from kn_graph.graph import Graph
 from kn_graph.ops import Constant, Dynamic, Input, Slice, Value
@@ -223,11 +223,12 @@ class SegmentedRunner:
         batch_size: int | None = None,
         *,
         host_outputs: bool = True,
+        known: Mapping[str, int] | None = None,
     ) -> list[Any]:
         """Evaluate `graph` on `inputs` (a list in input order or a name map; NumPy or device
         arrays). Outputs are NumPy arrays, or with `host_outputs=False` where they were made
         (device arrays from segments, NumPy arrays from host points)."""
-        bindings = bind_shapes(graph, inputs, batch_size)
+        bindings = bind_shapes(graph, inputs, batch_size, known)
         env: dict[int, Any] = {}
         for v, a in zip(graph.inputs, inputs_in_order(graph.input_names, inputs), strict=True):
             env[v.index] = a
@@ -253,8 +254,11 @@ class SegmentedRunner:
         outs = [self._value(graph, env, v) for v in graph.outputs]
         return [np.array(_to_host(o)) for o in outs] if host_outputs else outs
 
-    def _run_subgraph(self, graph: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        return [_to_host(o) for o in self.run(graph, inputs)]
+    def _run_subgraph(
+        self, graph: Graph, inputs: list[np.ndarray], bindings: Mapping[str, int]
+    ) -> list[np.ndarray]:
+        known = outer_bindings(graph, bindings)
+        return [_to_host(o) for o in self.run(graph, inputs, known=known)]
 
     @staticmethod
     def _value(graph: Graph, env: Mapping[int, Any], v: Value) -> Any:

@@ -21,7 +21,7 @@ from typing import Any, assert_never
 import numpy as np
 import scipy.special
 
-from kn_graph.dynamic import bind_results, run_dynamic
+from kn_graph.dynamic import bind_results, outer_bindings, run_dynamic
 from kn_graph.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -89,7 +89,10 @@ def inputs_in_order(names: Sequence[str], inputs: Any, what: str = "graph") -> l
 
 
 def bind_inputs(
-    graph: Graph, inputs: Inputs, batch_size: int | None = None
+    graph: Graph,
+    inputs: Inputs,
+    batch_size: int | None = None,
+    known: Mapping[str, int] | None = None,
 ) -> tuple[list[np.ndarray], dict[str, int]]:
     """Check count, dtype and shape of the inputs; return them in order and the symbol bindings."""
     names = graph.input_names
@@ -108,7 +111,7 @@ def bind_inputs(
         if a.dtype != want.np:
             raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
         out.append(a)
-    known = {BATCH: int(batch_size)} if batch_size is not None else None
+    known = _known(batch_size, known)
     try:
         bindings = infer_symbols(
             [graph[v].shape for v in graph.inputs],
@@ -124,7 +127,21 @@ def bind_inputs(
     return out, bindings
 
 
-def bind_shapes(graph: Graph, inputs: Any, batch_size: int | None = None) -> dict[str, int]:
+def _known(batch_size: int | None, known: Mapping[str, int] | None) -> dict[str, int] | None:
+    """Symbols bound before the inputs are read: B from `batch_size`, and `known` (an enclosing
+    graph's bindings when a subgraph runs)."""
+    out = dict(known or {})
+    if batch_size is not None:
+        out[BATCH] = int(batch_size)
+    return out or None
+
+
+def bind_shapes(
+    graph: Graph,
+    inputs: Any,
+    batch_size: int | None = None,
+    known: Mapping[str, int] | None = None,
+) -> dict[str, int]:
     """The symbol bindings of inputs given as anything with `.shape` and `.dtype` (NumPy, CuPy or
     torch arrays: nothing is copied), with the checks of `bind_inputs`."""
     names = graph.input_names
@@ -137,7 +154,7 @@ def bind_shapes(graph: Graph, inputs: Any, batch_size: int | None = None) -> dic
         if _np_dtype(a.dtype) != want.np:
             raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
         shapes.append(tuple(int(d) for d in a.shape))
-    known = {BATCH: int(batch_size)} if batch_size is not None else None
+    known = _known(batch_size, known)
     try:
         bindings = infer_symbols(
             [graph[v].shape for v in graph.inputs], shapes, [f"input '{n}'" for n in names], known
@@ -161,9 +178,16 @@ def _np_dtype(dt: Any) -> np.dtype | None:
             return None
 
 
-def evaluate(graph: Graph, inputs: Inputs, batch_size: int | None = None) -> list[np.ndarray]:
-    """Evaluate the graph's outputs for the given inputs (a list in input order, or a name map)."""
-    arrays, bindings = bind_inputs(graph, inputs, batch_size)
+def evaluate(
+    graph: Graph,
+    inputs: Inputs,
+    batch_size: int | None = None,
+    *,
+    known: Mapping[str, int] | None = None,
+) -> list[np.ndarray]:
+    """Evaluate the graph's outputs for the given inputs (a list in input order, or a name map);
+    `known` pre-binds size symbols (an enclosing graph's, for a subgraph)."""
+    arrays, bindings = bind_inputs(graph, inputs, batch_size, known)
     infos = graph.value_infos()
     operands = [tuple(x.index for x in info.op.inputs) for info in infos]
     last_use = list(range(len(infos)))
@@ -223,8 +247,10 @@ _FREE_OPS = (Input, Constant, View, Broadcast, Permute, Slice, Iota, Dynamic)
 memory at the check."""
 
 
-def _run_graph(graph: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    return evaluate(graph, inputs)
+def _run_graph(
+    graph: Graph, inputs: list[np.ndarray], bindings: Mapping[str, int]
+) -> list[np.ndarray]:
+    return evaluate(graph, inputs, known=outer_bindings(graph, bindings))
 
 
 def _run_dynamic(

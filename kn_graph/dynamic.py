@@ -31,11 +31,13 @@ __all__ = [
     "bind_results",
     "describe_params",
     "max_loop_iterations",
+    "outer_bindings",
     "run_dynamic",
 ]
 
-RunGraph = Callable[["Graph", list[np.ndarray]], list[np.ndarray]]
-"""Evaluates a subgraph (a Loop body, an If branch) on arrays; returns its outputs."""
+RunGraph = Callable[["Graph", list[np.ndarray], Mapping[str, int]], list[np.ndarray]]
+"""Evaluates a subgraph (a Loop body, an If branch) on arrays, given the enclosing graph's
+bindings (`outer_bindings` picks the ones its inputs share); returns its outputs."""
 
 Run = Callable[["Dynamic", list[np.ndarray], Mapping[str, int], RunGraph], list[np.ndarray]]
 
@@ -267,8 +269,8 @@ def _if(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) 
     then_g, else_g, n_then = op.params
     cond, caps = xs[0], xs[1:]
     if _flag(cond, "if: the condition"):
-        return run(then_g, caps[:n_then])
-    return run(else_g, caps[n_then:])
+        return run(then_g, caps[:n_then], b)
+    return run(else_g, caps[n_then:], b)
 
 
 def _stack(parts: list[np.ndarray], shape, dtype, bindings: Mapping[str, int]) -> np.ndarray:
@@ -293,7 +295,7 @@ def _loop(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph
                 f"loop: still running after {limit} iterations (trip count "
                 f"{'none' if trip is None else trip}); KN_MAX_LOOP_ITERATIONS raises the limit"
             )
-        outs = run(body, [np.array(i, np.int64), np.array(cond), *carried, *caps])
+        outs = run(body, [np.array(i, np.int64), np.array(cond), *carried, *caps], b)
         cond = _flag(outs[0], "loop: the body's condition")
         carried = outs[1 : 1 + n_carried]
         for j in range(n_scan):
@@ -318,7 +320,7 @@ def _scan(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph
             np.take(a, n - 1 - t if r else t, axis=ax)
             for a, ax, r in zip(ins, in_axes, in_rev, strict=True)
         ]
-        outs = run(body, [*state, *sl, *caps])
+        outs = run(body, [*state, *sl, *caps], b)
         state = outs[:n_state]
         outs_per_step.append(outs[n_state:])
     results = list(state)
@@ -378,6 +380,15 @@ def bind_results(
         [f"{op.kind} result {j}" for j in range(len(results))],
         bindings,
     )
+
+
+def outer_bindings(graph: Graph, bindings: Mapping[str, int]) -> dict[str, int]:
+    """The enclosing graph's bindings of the symbols a subgraph's inputs use: a captured value
+    of size `topk0 + topk1` cannot tell its two symbols apart, the enclosing graph can."""
+    used: set[str] = set()
+    for v in graph.inputs:
+        used |= graph[v].shape.symbols
+    return {k: v for k, v in bindings.items() if k in used}
 
 
 def describe_params(op: Dynamic) -> str:

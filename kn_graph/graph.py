@@ -64,7 +64,9 @@ __all__ = ["Graph", "ValueInfo", "broadcast_shapes", "slice_bounds"]
 _graph_ids = itertools.count()
 
 
-def _no_subgraphs(graph: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
+def _no_subgraphs(
+    graph: Graph, inputs: list[np.ndarray], bindings: Mapping[str, int]
+) -> list[np.ndarray]:
     raise GraphError("internal: a dynamic op without subgraphs ran one")
 
 
@@ -117,14 +119,30 @@ def broadcast_shapes(*shapes: Shape, equate: Equate | None = None) -> Shape:
 
 
 def slice_bounds(
-    dim: Size, start: Size | None, end: Size | None, step: int, huge: int = 2**24
+    dim: Size,
+    start: Size | None,
+    end: Size | None,
+    step: int,
+    huge: int = 2**24,
+    clamp: bool = False,
 ) -> tuple[Size, Size, list[tuple[Size, Size]]]:
     """(first index, element count, assumptions) of Python/ONNX slicing `[start:end:step]` on
     an axis of `dim` elements. With fixed bounds on a fixed axis, bounds are clamped exactly.
     Otherwise fixed negative bounds count from the end, fixed bounds of `huge` or more mean "to
     the end" (exporters write 1e9, INT32_MAX, INT64_MAX), and the bounds are assumed to lie on
-    the axis: the assumptions `(lhs, rhs)` mean lhs >= rhs and become guards."""
+    the axis: the assumptions `(lhs, rhs)` mean lhs >= rhs and become guards. With `clamp`
+    (an axis of a run-time size: a detector keeps `[:100]` of however many boxes it found),
+    fixed bounds are clamped exactly with min/max instead."""
     n = dim.fixed_value()
+    sv = None if start is None else start.fixed_value()
+    ev = None if end is None else end.fixed_value()
+    if (
+        clamp
+        and n is None
+        and (start is None or sv is not None)
+        and (end is None or ev is not None)
+    ):
+        return _clamped_bounds(dim, sv, ev, step, huge)
     sv = None if start is None else start.fixed_value()
     ev = None if end is None else end.fixed_value()
     if n is not None and (start is None or sv is not None) and (end is None or ev is not None):
@@ -162,6 +180,33 @@ def slice_bounds(
     return s, length, conds
 
 
+def _clamped_bounds(
+    dim: Size, sv: int | None, ev: int | None, step: int, huge: int
+) -> tuple[Size, Size, list[tuple[Size, Size]]]:
+    """Fixed bounds on a symbolic axis, clamped as Python slicing does (no assumptions)."""
+
+    def clamp(v: int | None, default: Size, lo: int, hi: Size) -> Size:
+        if v is None:
+            return default
+        if v >= huge:
+            return hi
+        if v <= -huge:
+            return Size(lo)
+        if v < 0:
+            return Size.max(dim + v, lo)
+        return Size.min(v, hi)
+
+    if step > 0:
+        s = clamp(sv, Size(0), 0, dim)
+        e = clamp(ev, dim, 0, dim)
+        length = Size.max(e - s, 0).ceildiv(step)
+    else:
+        s = clamp(sv, dim - 1, -1, dim - 1)
+        e = clamp(ev, Size(-1), -1, dim - 1)
+        length = Size.max(s - e, 0).ceildiv(-step)
+    return Size.max(s, 0), length, []
+
+
 def _norm_axis(axis: int, rank: int, what: str = "axis") -> int:
     if not -rank <= axis < rank:
         raise GraphError(f"{what} {axis} out of range for rank {rank}")
@@ -187,6 +232,7 @@ class Graph(NNBuilders):
         self.equate: Equate | None = None
         self._runtime_symbols: tuple[int, frozenset[str]] = (-1, frozenset())
         self._fresh_names: set[str] = set()
+        self._taken_names: set[str] = set()
         """How two symbolic sizes that must be equal become one (the ONNX loader records a
         guard or unifies symbols); None: they must be identical, else GraphError."""
 
@@ -311,9 +357,22 @@ class Graph(NNBuilders):
         """Whether some value is a Dynamic op (data-dependent sizes or control flow)."""
         return any(isinstance(info.op, Dynamic) for info in self._infos)
 
+    def share_fresh_names(self, other: Graph) -> None:
+        """Draw fresh symbols from one pool with `other` (a subgraph and its enclosing graph),
+        so no name means two sizes, and know `other`'s run-time symbols as such."""
+        for info in other._infos:
+            other._taken_names |= info.shape.symbols
+        self._taken_names = other._taken_names
+        self._fresh_names = other._fresh_names
+
+    def is_runtime_size(self, d: Size) -> bool:
+        """Whether size `d` involves a symbol made by `fresh_symbol` (here or in an enclosing
+        graph): a result size of a data-dependent op, bound only while evaluating."""
+        return bool(d.symbols & self._fresh_names)
+
     def fresh_symbol(self, hint: str) -> Size:
         """A size symbol no value of this graph uses yet, named `hint` plus a number."""
-        used: set[str] = set()
+        used: set[str] = set(self._taken_names)
         for info in self._infos:
             used |= info.shape.symbols
         used |= self._fresh_names
@@ -582,6 +641,7 @@ class Graph(NNBuilders):
             None if start is None else Size.of(start),
             None if end is None else Size.of(end),
             step,
+            clamp=self.is_runtime_size(dim),
         )
         for lhs, rhs in conds:
             self.add_guard(lhs, ">=", rhs, f"slice [{start}:{end}:{step}] of axis {axis} ({dim})")

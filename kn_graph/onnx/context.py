@@ -97,10 +97,14 @@ def _simplify(x: object) -> object:
     return x
 
 
+_SIZES = Value(-1, -1)
+"""What `_fold_constant` returns for a value computed from symbolic sizes (not from data)."""
+
+
 def _fold_constant(g: Graph, v: Value) -> np.ndarray | Value | None:
     """Evaluate a computed value at load time when it depends on constants only (Cast(-inf),
-    Max(Shape(x), [4]) …). Else the first graph input it depends on, or None when it depends on
-    symbolic sizes."""
+    Max(Shape(x), [4]) …). Else the first graph input it depends on, `_SIZES` when it depends on
+    symbolic sizes, or None when it cannot be evaluated."""
     from kn_graph.cpu import evaluate
 
     seen: set[int] = set()
@@ -116,7 +120,7 @@ def _fold_constant(g: Graph, v: Value) -> np.ndarray | Value | None:
         order.append(x)
         stack.extend(info.op.inputs)
     if not all(g[x].shape.is_fixed for x in order):
-        return None
+        return _SIZES
     sub = Graph()
     mapping: dict[Value, Value] = {}
     for x in sorted(order, key=lambda y: y.index):
@@ -137,6 +141,9 @@ class Seq:
 
     items: tuple[Value | Known | Seq, ...]
     dtype: DType | None = None
+    stacked: Value | None = None
+    """Instead of `items`: one value whose axis 0 runs over the elements (a Loop's appended
+    sequence, of a length known at run time)."""
 
 
 Result = Value | Known | Seq
@@ -274,6 +281,10 @@ class NodeContext:
         folded = _fold_constant(self.graph, r)
         if isinstance(folded, np.ndarray):
             return folded
+        if folded is _SIZES:  # float arithmetic on symbolic sizes: fine once sizes are fixed
+            self.needs_fixed_sizes(
+                f"{what} (input {i}) is computed from symbolic sizes in a way sizes cannot express"
+            )
         if folded is not None:  # computed from a graph input: that input must be given
             name = self.graph[folded].debug_name
             raise StaticInputRequiredError(self.name, self.op_type, name, what)

@@ -505,6 +505,7 @@ class Loader:
         Returns the graph and the captured values of the enclosing graph."""
         body = Graph()
         body.equate = body.guard_equal  # no unification inside: guards, checked per run
+        body.share_fresh_names(self.graph)  # run-time symbols stay distinct across the scopes
         self._outer.append(_Enclosing(self.graph, self.env, []))
         self.graph, self.env = body, {}
         try:

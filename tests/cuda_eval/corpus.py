@@ -58,3 +58,28 @@ def datasets(name: str) -> list[tuple[dict[str, np.ndarray], dict[str, int]]]:
     """(inputs by name, bound symbols) of the data sets that `load(name)`'s graph runs."""
     first = load(name)
     return [(feed, binds) for g, feed, binds in cases(name) if g is first]
+
+
+def fixture_plans(name: str) -> list[Any]:
+    """Every plan the fixture makes, as given and optimized, per data set: one plan per graph,
+    or for a data-dependent graph one per segment and binding (found by running it through the
+    emulator segment by segment)."""
+    from kn_cuda_eval import emulate, plan
+    from kn_cuda_eval.segments import Segment, SegmentedRunner
+    from kn_graph.optimizer import optimize
+
+    out: list[Any] = []
+
+    def run_segment(seg: Segment, arrays: Any, binds: Any) -> list[np.ndarray]:
+        p = plan(seg.graph, bindings=dict(binds))
+        out.append(p)
+        return emulate(p, [np.asarray(a) for a in arrays])
+
+    runner = SegmentedRunner(run_segment)
+    for graph, feed, binds in cases(name):
+        for g in (graph, optimize(graph)):
+            if g.has_dynamic:
+                runner.run(g, feed)
+            else:
+                out.append(plan(g, bindings=binds))
+    return out

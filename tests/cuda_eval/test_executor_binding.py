@@ -18,8 +18,7 @@ from kn_cuda_eval.kernels import IntArg, PtrArg
 from kn_cuda_eval.memory import ALIGN
 from kn_graph import DType, Graph, Shape
 from kn_graph.errors import PlanError
-from kn_graph.optimizer import optimize
-from tests.cuda_eval.corpus import FIXTURES, datasets, load
+from tests.cuda_eval.corpus import FIXTURES, fixture_plans
 
 RNG = np.random.default_rng(5)
 
@@ -216,10 +215,7 @@ def _all_plans() -> list:
         plan(_mixed_graph(), settings=PlanSettings(fuse_elementwise=False)),
     ]
     for f in FIXTURES:
-        g = load(f["name"])
-        for _, binds in datasets(f["name"]):
-            out.append(plan(g, bindings=binds))
-            out.append(plan(optimize(g), bindings=binds))
+        out += fixture_plans(f["name"])
     return out
 
 

@@ -25,10 +25,12 @@ How to run (from the repository root)::
         onnxruntime onnxscript numpy
     /work/venv-fx/bin/python tests/models/make_models.py [--out DIR] [--only NAME ...]
 
-``--only`` takes fixture names, base names (``kv_llm``) or the group ``dynamic_shapes``
-(the eight dynamic-shape fixtures below); their manifest entries replace those of the same
-name in an existing ``manifest.json`` and all other entries are kept.  A fixture's input data
-seed is fixed by its position in ``MODELS``, so ``--only`` reproduces a full run's data.
+``--only`` takes fixture names, base names (``kv_llm``) or a group, ``dynamic_shapes`` (the
+eight dynamic-shape fixtures below) or ``control_flow`` (five below); their manifest entries
+replace those of the same name in an existing ``manifest.json`` and all other entries are kept.
+A fixture's input data seed is fixed by its position in ``MODELS``, so ``--only`` reproduces a
+full run's data.  When this run's package versions differ from the manifest's ``versions``
+(the ones that made the other fixtures), the new entries record theirs under ``versions``.
 
 Besides the batch(/seq)-dynamic exports, the ``dynamic_shapes`` group exercises dynamic
 shapes as real exports use them: CNNs with dynamic batch/height/width (``resnet_hw_dynamo``,
@@ -45,8 +47,43 @@ of two.  Spec hooks used by them: ``dim_ranges`` (Dim min/max), ``dynamo_shapes`
 derived Dims), ``post_export`` (edit the saved file), ``onnx_builder`` and ``extra``
 (additional npz arrays and manifest keys).
 
+The ``control_flow`` group has control flow and run-time (data-dependent) sizes; each has
+two data sets whose run-time sizes differ:
+
+* ``detector_ts``: torchvision's RetinaNet (``weights=None``, ``weights_backbone=None``) with a
+  tiny custom backbone and its whole eval path (GeneralizedRCNNTransform resize with computed
+  sizes, score threshold -> NonZero, TopK, box decoding, batched NMS -> NonMaxSuppression inside
+  an If), TorchScript export; the detection count is a run-time size.  It needs torchvision,
+  which must not go beside torch 2.13 (see below), so it is made in a venv of its own with
+  torch 2.14.1 + torchvision 0.29.1 (the releases whose wheels pip finds together; PyPI's
+  torchvision 0.28 does not import beside the torch 2.13 CPU wheel)::
+
+      python3 -m venv /work/venv-tv
+      /work/venv-tv/bin/pip install torch==2.14.1 torchvision==0.29.1 'onnx~=1.23.0' \
+          onnxruntime==1.32.0 onnxscript numpy
+      /work/venv-tv/bin/python tests/models/make_models.py --only detector_ts
+
+  Its manifest entry records those versions under ``versions``.  A run whose interpreter lacks
+  a package in ``REQUIRES`` (torchvision for ``detector``) keeps that fixture's files and
+  manifest entry as they are.
+* ``yolo_nms``: the TinyYolo backbone with an end-to-end NMS tail; NonMaxSuppression comes
+  from a ``torch.autograd.Function`` whose ``symbolic`` emits the ONNX op (eager:
+  ``nms_reference``, onnxruntime's algorithm in numpy), TorchScript export.
+* ``if_data``: a ``torch.jit.script``'ed module with a data-dependent ``if`` (ONNX If) whose
+  branches give different row counts.
+* ``loop_decode``: a scripted greedy decoder (ONNX Loop with a data-dependent stop condition;
+  TorchScript writes the per-step lists as loop-carried sequences, SequenceInsert in the body
+  and ConcatFromSequence after it, not as scan outputs); different iteration counts.
+* ``scan_rnn``: torch exports loops as Loop, so this one is built with onnx.helper: two Scans
+  (forward, backward) whose bodies are TorchScript-exported GRU cell graphs; the scan length is
+  the dim_param ``seq``; its eager reference is a torch loop.
+
+Index-like outputs (``yolo_nms``'s selected_indices, ``detector_ts``'s scores, probabilities
+above a threshold) are exempt from the std check through the spec key ``std_unchecked``.
+
 Versions used for the committed fixtures: torch 2.13.0+cpu, transformers 5.24.0,
-diffusers 0.42.1, onnx 1.23.2, onnxruntime 1.32.0, onnxscript 0.7.2, numpy 2.4.
+diffusers 0.42.1, onnx 1.23.2, onnxruntime 1.32.0, onnxscript 0.7.2, numpy 2.4 (``detector_ts``:
+torch 2.14.1, torchvision 0.29.1, as above).
 Do not install torchvision beside torch 2.13 (it breaks ``import transformers``);
 ResNet-18 and MobileNetV2 are written out below in plain torch.
 
@@ -54,7 +91,7 @@ Everything is seeded, so re-running reproduces the same weights and inputs
 (the ONNX files may still differ in node names between exporter versions).
 Each fixture is checked: onnxruntime vs torch eager (max abs diff printed, a
 relative disagreement above 1e-3 fails that fixture), every output std must lie
-in [0.1, 100], and the total size of the output directory must stay <= 20 MB.
+in [0.1, 100] (except a spec's ``std_unchecked`` outputs), and the total size of the output directory must stay <= 20 MB.
 A failure of one model/exporter is recorded under ``skipped`` in the manifest
 and the script goes on.
 """
@@ -1301,6 +1338,529 @@ def spec_shape_inputs():
     )
 
 
+# --------------------------------------------------------------------------
+# control flow and data-dependent sizes (the control_flow group)
+# --------------------------------------------------------------------------
+
+
+def nms_reference(boxes, scores, max_per_class, iou_threshold, score_threshold, center, margin):
+    """ONNX NonMaxSuppression as onnxruntime computes it (per batch and class: candidates with
+    score > score_threshold by descending score, ties by index; a candidate is dropped when its
+    IoU with a kept box of its class is > iou_threshold; at most max_per_class kept), in
+    float64 on numpy arrays boxes [B, N, 4], scores [B, C, N]; returns int64 [K, 3] rows
+    (batch, class, box).  Raises when a decision is within `margin` of a threshold (float32
+    rounding could flip it in onnxruntime)."""
+    b4 = boxes.astype(np.float64)
+    if center:  # [x_center, y_center, width, height]
+        x1, y1 = b4[..., 0] - b4[..., 2] / 2, b4[..., 1] - b4[..., 3] / 2
+        x2, y2 = b4[..., 0] + b4[..., 2] / 2, b4[..., 1] + b4[..., 3] / 2
+    else:  # [y1, x1, y2, x2], either corner order
+        y1, y2 = np.minimum(b4[..., 0], b4[..., 2]), np.maximum(b4[..., 0], b4[..., 2])
+        x1, x2 = np.minimum(b4[..., 1], b4[..., 3]), np.maximum(b4[..., 1], b4[..., 3])
+    area = (x2 - x1) * (y2 - y1)
+    out = []
+    for bi in range(scores.shape[0]):
+        for ci in range(scores.shape[1]):
+            s = scores[bi, ci].astype(np.float64)
+            near = np.abs(s - score_threshold) < margin
+            if near.any():
+                raise RuntimeError(f"NMS: a score within {margin} of the score threshold")
+            cand = [i for i in np.argsort(-s, kind="stable") if s[i] > score_threshold]
+            kept = []
+            for i in cand:
+                if len(kept) == max_per_class:
+                    break
+                drop = False
+                for j in kept:
+                    iw = min(x2[bi, i], x2[bi, j]) - max(x1[bi, i], x1[bi, j])
+                    ih = min(y2[bi, i], y2[bi, j]) - max(y1[bi, i], y1[bi, j])
+                    inter = max(iw, 0.0) * max(ih, 0.0)
+                    if area[bi, i] <= 0 or area[bi, j] <= 0:
+                        continue
+                    iou = inter / (area[bi, i] + area[bi, j] - inter)
+                    if abs(iou - iou_threshold) < margin:
+                        raise RuntimeError(f"NMS: an IoU within {margin} of the IoU threshold")
+                    if iou > iou_threshold:
+                        drop = True
+                        break
+                if not drop:
+                    kept.append(i)
+            out += [(bi, ci, i) for i in kept]
+    return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+
+class OnnxNMS(torch.autograd.Function):
+    """NonMaxSuppression for the TorchScript exporter (the `symbolic` emits the ONNX op, with
+    center_point_box=1 as YOLO exports use it); eager: `nms_reference`."""
+
+    @staticmethod
+    def forward(ctx, boxes, scores, max_per_class, iou_threshold, score_threshold):
+        sel = nms_reference(
+            boxes.numpy(), scores.numpy(), max_per_class, iou_threshold, score_threshold, 1, 2e-6
+        )
+        return torch.from_numpy(sel)
+
+    @staticmethod
+    def symbolic(g, boxes, scores, max_per_class, iou_threshold, score_threshold):
+        def const(v, dtype):
+            return g.op("Constant", value_t=torch.tensor([v], dtype=dtype))
+
+        return g.op(
+            "NonMaxSuppression",
+            boxes,
+            scores,
+            const(max_per_class, torch.int64),
+            const(iou_threshold, torch.float32),
+            const(score_threshold, torch.float32),
+            center_point_box_i=1,
+        )
+
+
+class YoloNMS(nn.Module):
+    """TinyYolo followed by the NMS tail of a YOLO end-to-end export: class scores =
+    objectness * class probability [B, C, N], NonMaxSuppression on the center-format boxes,
+    then the selected (batch, class, box) rows gather the boxes (converted to corners) and
+    scores into detections [K, 7] = (batch, x1, y1, x2, y2, score, class)."""
+
+    def __init__(self, yolo, max_per_class=16, iou_threshold=0.45, score_threshold=0.5):
+        super().__init__()
+        self.yolo = yolo
+        self.nms_args = (max_per_class, iou_threshold, score_threshold)
+
+    def forward(self, images):
+        pred = self.yolo(images)  # [B, N, 5 + C]: xywh, objectness, class probabilities
+        boxes = pred[..., :4]
+        scores = (pred[..., 5:] * pred[..., 4:5]).transpose(1, 2)  # [B, C, N]
+        sel = OnnxNMS.apply(boxes, scores, *self.nms_args)  # [K, 3]
+        bi, ci, ni = sel[:, 0], sel[:, 1], sel[:, 2]
+        xywh = boxes[bi, ni]  # [K, 4]
+        corners = torch.cat([xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2], 1)
+        score = scores[bi, ci, ni]
+        det = torch.cat([bi[:, None].float(), corners, score[:, None], ci[:, None].float()], 1)
+        return det, sel
+
+
+def spec_yolo_nms():
+    torch.manual_seed(41)
+    yolo = TinyYolo()
+    calibrate_batchnorm(yolo, (4, 3, 64, 96), seed=42)
+    m = YoloNMS(yolo)
+    shapes = {"export": (2, 64, 64), 0: (1, 64, 96), 1: (2, 96, 96)}
+    return dict(
+        arch="YOLOv5-style detector (the yolo_hw_dynamo backbone/FPN/heads, 3 anchors, 3 classes, "
+        "new weights) with an end-to-end NMS tail: scores = objectness * class probability "
+        "[B, 3, N], NonMaxSuppression (center_point_box=1, 16 boxes per class, IoU 0.45, score "
+        "0.5; emitted by a torch.autograd.Function symbolic), the selected (batch, class, box) "
+        "rows gather boxes (xywh -> corners) and scores into detections [K, 7] = (batch, x1, y1, "
+        "x2, y2, score, class); dynamic batch, height and width; K is a run-time size",
+        module=m,
+        input_names=["input"],
+        output_names=["detections", "selected_indices"],
+        inputs=image_inputs(shapes),
+        dynamic={"input": {0: "batch", 2: "height", 3: "width"}},
+        dynamic_out={
+            "detections": {0: "num_detections"},
+            "selected_indices": {0: "num_detections"},
+        },
+        std_unchecked=["selected_indices"],  # indices into [B, C, N]: std ~ N
+    )
+
+
+class IfData(nn.Module):
+    """Early-exit style gate, scripted so the branch is data-dependent: a gate logit from the
+    mean of the projected rows picks a one-layer path (output [n, 16]) or a two-head path whose
+    results are stacked along the rows (output [2n, 16])."""
+
+    def __init__(self, cin=8, hidden=16):
+        super().__init__()
+        self.proj = nn.Linear(cin, hidden)
+        self.gate = nn.Linear(hidden, 1)
+        self.fast = nn.Linear(hidden, hidden)
+        self.slow_a = nn.Linear(hidden, hidden)
+        self.slow_b = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        h = torch.tanh(self.proj(x))
+        if bool(self.gate(h).mean() > 0.0):
+            y = F.relu(self.fast(h)) * 2.0
+        else:
+            y = torch.cat([self.slow_a(h), torch.sigmoid(self.slow_b(h)) * 3.0], 0)
+        return y
+
+
+def spec_if_data():
+    torch.manual_seed(43)
+    m = IfData()
+    rows = {"export": 6, 0: 5, 1: 9}
+    want = {0: True, 1: False}  # data set 0 takes the then branch, 1 the else branch
+
+    def inputs(kind, rng):
+        # redraw (with a random common offset) until the gate takes the wanted branch, away
+        # from the threshold so float rounding cannot flip it
+        for _ in range(1000):
+            x = rng.standard_normal((rows[kind], 8)) + rng.uniform(-2.0, 2.0)
+            x = x.astype(np.float32)
+            with torch.no_grad():
+                g = float(m.gate(torch.tanh(m.proj(torch.from_numpy(x)))).mean())
+            if abs(g) > 0.05 and (kind == "export" or (g > 0) == want[kind]):
+                return {"x": x}
+        raise RuntimeError("if_data: no input takes the wanted branch")
+
+    return dict(
+        arch="torch.jit.script'ed gate (plain torch): h = tanh(Linear 8->16), then If(mean(Linear "
+        "16->1 of h) > 0): relu(Linear 16->16)*2 [n, 16], else concat(Linear, sigmoid(Linear)*3) "
+        "along rows [2n, 16]; dynamic rows n; data set 0 takes the then branch (n=5, 5 rows out), "
+        "data set 1 the else branch (n=9, 18 rows out): the output row count is a run-time size",
+        module=torch.jit.script(m),
+        input_names=["x"],
+        output_names=["y"],
+        inputs=inputs,
+        dynamic={"x": {0: "n"}},
+        dynamic_out={"y": {0: "rows"}},
+    )
+
+
+class GreedyDecoder(nn.Module):
+    """Greedy decoding with a GRU cell written out (torch.nn.GRUCell's equations) over a
+    16-token vocabulary: from an encoder state h0 [B, 16] and BOS, each step embeds the
+    previous token, updates h, takes argmax of log_softmax(Linear(h)); finished rows emit EOS;
+    the loop breaks when every row has emitted EOS (or after max_steps).  Scripted, so the
+    exporter writes an ONNX Loop; the per-step tokens / log-probabilities are lists
+    (SequenceInsert in the loop body, ConcatFromSequence after it)."""
+
+    def __init__(self, vocab=16, hidden=16, max_steps=24, bos=1, eos=0):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, hidden)
+        self.wi = nn.Linear(hidden, 3 * hidden)
+        self.wh = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, vocab)
+        self.max_steps, self.bos, self.eos = max_steps, bos, eos
+
+    def forward(self, h0):
+        b = h0.size(0)
+        tok = torch.full([b], self.bos, dtype=torch.long)
+        h = h0
+        done = torch.zeros([b], dtype=torch.bool)
+        toks: list[torch.Tensor] = []
+        logps: list[torch.Tensor] = []
+        for _ in range(self.max_steps):
+            ir, iz, inn = self.wi(self.emb(tok)).chunk(3, 1)
+            hr, hz, hn = self.wh(h).chunk(3, 1)
+            r = torch.sigmoid(ir + hr)
+            z = torch.sigmoid(iz + hz)
+            h = (1 - z) * torch.tanh(inn + r * hn) + z * h
+            best, nxt = F.log_softmax(self.out(h), -1).max(-1)
+            nxt = torch.where(done, torch.full_like(nxt, self.eos), nxt)
+            toks.append(nxt)
+            logps.append(best)
+            done = done | (nxt == self.eos)
+            tok = nxt
+            if bool(done.all()):
+                break
+        return torch.stack(toks, 1), torch.stack(logps, 1), h
+
+
+def greedy_steps(m, h0):
+    """(steps, smallest top-1 minus top-2 logit margin, number of distinct tokens) of the
+    GreedyDecoder m's decode from h0."""
+    b = h0.shape[0]
+    tok = torch.full([b], m.bos, dtype=torch.long)
+    h, done, margin, seen = h0, torch.zeros([b], dtype=torch.bool), float("inf"), set()
+    with torch.no_grad():
+        for step in range(1, m.max_steps + 1):
+            ir, iz, inn = m.wi(m.emb(tok)).chunk(3, 1)
+            hr, hz, hn = m.wh(h).chunk(3, 1)
+            r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+            h = (1 - z) * torch.tanh(inn + r * hn) + z * h
+            logits = m.out(h)
+            top2 = logits.topk(2, -1).values
+            margin = min(margin, float((top2[~done, 0] - top2[~done, 1]).min()))
+            nxt = torch.where(done, torch.full_like(tok, m.eos), logits.argmax(-1))
+            done = done | (nxt == m.eos)
+            tok = nxt
+            seen.update(nxt.tolist())
+            if bool(done.all()):
+                return step, margin, len(seen)
+    return m.max_steps, margin, len(seen)
+
+
+def spec_loop_decode():
+    torch.manual_seed(44)
+    m = GreedyDecoder()
+    with torch.no_grad():  # decisive argmaxes, varied tokens
+        m.wi.weight.mul_(3.0)
+        m.wh.weight.mul_(3.0)
+        m.out.weight.mul_(4.0)
+        m.out.bias[m.eos] += 1.0  # most decodes stop before max_steps
+    batch = {"export": 2, 0: 1, 1: 3}
+    steps = {"export": (1, 24), 0: (4, 7), 1: (10, 18)}  # wanted iteration counts
+
+    def inputs(kind, rng):
+        lo, hi = steps[kind]
+        for _ in range(2000):
+            h0 = rng.standard_normal((batch[kind], 16)).astype(np.float32)
+            n, margin, distinct = greedy_steps(m, torch.from_numpy(h0))
+            if lo <= n <= hi and margin > 0.01 and distinct >= min(n, 3):
+                return {"h0": h0}
+        raise RuntimeError(f"loop_decode: no h0 decodes in {lo}..{hi} steps")
+
+    return dict(
+        arch="torch.jit.script'ed greedy decoder (plain torch): GRU cell written out (hidden 16, "
+        "vocab 16, BOS 1, EOS 0), per step argmax of log_softmax, finished rows forced to EOS, "
+        "break when all rows are done, at most 24 steps; exported as an ONNX Loop with a "
+        "data-dependent condition (If inside the body) and list-append loop-carried sequences "
+        "(SequenceInsert / ConcatFromSequence); dynamic batch; data set 0 (batch 1) and 1 (batch "
+        "3) run different numbers of iterations: the steps dim of tokens / logprobs is a run-time "
+        "size",
+        module=torch.jit.script(m),
+        input_names=["h0"],
+        output_names=["tokens", "logprobs", "h"],
+        inputs=inputs,
+        dynamic={"h0": {0: "batch"}},
+        dynamic_out={
+            "tokens": {0: "batch", 1: "steps"},
+            "logprobs": {0: "batch", 1: "steps"},
+            "h": {0: "batch"},
+        },
+    )
+
+
+class ScanCell(nn.Module):
+    """One step of a GRU layer (torch.nn.GRUCell's equations) with an output projection:
+    (h [B, 16], x_t [B, 8]) -> (h_next, y_t = Linear(h_next) [B, 8])."""
+
+    def __init__(self, cin=8, hidden=16, cout=8):
+        super().__init__()
+        self.wi = nn.Linear(cin, 3 * hidden)
+        self.wh = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, cout)
+
+    def forward(self, h, x_t):
+        ir, iz, inn = self.wi(x_t).chunk(3, 1)
+        hr, hz, hn = self.wh(h).chunk(3, 1)
+        r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+        h = (1 - z) * torch.tanh(inn + r * hn) + z * h
+        return h, self.proj(h)
+
+
+class ScanRNNRef(nn.Module):
+    """torch equivalent of the scan_rnn graph: a bidirectional ScanCell recurrence over
+    x [B, T, 8] from h0 [B, 16]; y [B, T, 16] = (forward y_t, backward y_t) at every t,
+    h_n [B, 32] = (last forward h, last backward h)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fwd, self.bwd = ScanCell(), ScanCell()
+
+    def forward(self, x, h0):
+        hf, hb, yf, yb = h0, h0, [], []
+        for t in range(x.shape[1]):
+            hf, y = self.fwd(hf, x[:, t])
+            yf.append(y)
+        for t in reversed(range(x.shape[1])):
+            hb, y = self.bwd(hb, x[:, t])
+            yb.insert(0, y)
+        return torch.cat([torch.stack(yf, 1), torch.stack(yb, 1)], -1), torch.cat([hf, hb], 1)
+
+
+def build_scan_rnn(m):
+    """onnx_builder for scan_rnn: each ScanCell is exported with the TorchScript exporter and its
+    graph becomes the body of an ONNX Scan (its weights hoisted into the main graph, so the body
+    reads them from the outer scope); the backward Scan reverses the scan input and output
+    directions.  Scan length = x's dim 1 (dim_param "seq")."""
+
+    def build(path, opset):
+        import tempfile
+
+        import onnx
+        from onnx import TensorProto, helper
+
+        inits, scans = [], []
+        for tag, cell in (("fwd", m.fwd), ("bwd", m.bwd)):
+            with tempfile.TemporaryDirectory() as tmp:
+                p = os.path.join(tmp, "cell.onnx")
+                torch.onnx.export(
+                    cell,
+                    (torch.zeros(2, 16), torch.zeros(2, 8)),
+                    p,
+                    dynamo=False,
+                    opset_version=opset,
+                    input_names=["h", "x_t"],
+                    output_names=["h_next", "y_t"],
+                    dynamic_axes={n: {0: "batch"} for n in ("h", "x_t", "h_next", "y_t")},
+                )
+                cell_model = onnx.load(p)
+            body = cell_model.graph
+            rename = {i.name: f"{tag}/{i.name}" for i in body.initializer}
+            io = {"h", "x_t", "h_next", "y_t"}  # the body's inputs and outputs keep their names
+            for n in body.node:  # prefix the others: the two bodies read distinct weights
+                n.name = f"{tag}/{n.name}"
+                n.input[:] = [rename.get(x, x if x in io else f"{tag}/{x}") for x in n.input]
+                n.output[:] = [x if x in io else f"{tag}/{x}" for x in n.output]
+            for t in body.initializer:
+                t.name = rename[t.name]
+            inits += list(body.initializer)
+            del body.initializer[:]
+            body.name = f"{tag}_cell"
+            rev = 1 if tag == "bwd" else 0
+            scans.append(
+                helper.make_node(
+                    "Scan",
+                    ["h0", "x"],
+                    [f"h_{tag}", f"y_{tag}"],
+                    name=f"scan_{tag}",
+                    body=body,
+                    num_scan_inputs=1,
+                    scan_input_axes=[1],
+                    scan_input_directions=[rev],
+                    scan_output_axes=[1],
+                    scan_output_directions=[rev],
+                )
+            )
+        nodes = scans + [
+            helper.make_node("Concat", ["y_fwd", "y_bwd"], ["y"], axis=-1),
+            helper.make_node("Concat", ["h_fwd", "h_bwd"], ["h_n"], axis=1),
+        ]
+        f32 = TensorProto.FLOAT
+        graph = helper.make_graph(
+            nodes,
+            "scan_rnn",
+            [
+                helper.make_tensor_value_info("x", f32, ["batch", "seq", 8]),
+                helper.make_tensor_value_info("h0", f32, ["batch", 16]),
+            ],
+            [
+                helper.make_tensor_value_info("y", f32, ["batch", "seq", 16]),
+                helper.make_tensor_value_info("h_n", f32, ["batch", 32]),
+            ],
+            initializer=inits,
+        )
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="make_models.py"
+        )
+        model.ir_version = 8
+        onnx.checker.check_model(model, full_check=True)
+        onnx.save(model, path)
+
+    return build
+
+
+def spec_scan_rnn():
+    torch.manual_seed(45)
+    m = ScanRNNRef()
+    with torch.no_grad():
+        for c in (m.fwd, m.bwd):
+            c.wh.weight.mul_(2.0)
+            c.proj.weight.mul_(2.0)
+    shapes = {"export": (2, 5), 0: (2, 5), 1: (3, 12)}  # (batch, scan length)
+
+    def inputs(kind, rng):
+        b, t = shapes[kind]
+        return {
+            "x": rng.standard_normal((b, t, 8)).astype(np.float32),
+            "h0": (0.5 * rng.standard_normal((b, 16))).astype(np.float32),
+        }
+
+    return dict(
+        arch="hand-built ONNX (onnx.helper) around TorchScript-exported parts: a bidirectional GRU "
+        "layer (hidden 16, GRUCell equations written out, per-step Linear 16->8) as two ONNX Scans "
+        "whose bodies are exported ScanCell graphs (weights hoisted into the main graph, read from "
+        "the outer scope); the backward Scan has scan_input/output_directions = 1; x [batch, seq, "
+        "8] scanned along axis 1, h0 [batch, 16]; y [batch, seq, 16], h_n [batch, 32]; scan "
+        "length 5 and 12 in the two data sets; reference: ScanRNNRef (torch loop)",
+        module=m,
+        input_names=["x", "h0"],
+        output_names=["y", "h_n"],
+        inputs=inputs,
+        onnx_builder=build_scan_rnn(m),
+    )
+
+
+class TinyDetBackbone(nn.Module):
+    """Backbone for torchvision's RetinaNet: conv+ReLU stages at stride 8 and 16, returned as
+    torchvision's OrderedDict of feature maps with an `out_channels` attribute."""
+
+    def __init__(self, c=16):
+        super().__init__()
+        self.out_channels = c
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, c, 3, 2, 1),
+            nn.ReLU(),
+            nn.Conv2d(c, c, 3, 2, 1),
+            nn.ReLU(),
+            nn.Conv2d(c, c, 3, 2, 1),
+            nn.ReLU(),
+        )
+        self.down = nn.Sequential(nn.Conv2d(c, c, 3, 2, 1), nn.ReLU())
+
+    def forward(self, x):
+        f3 = self.stem(x)
+        return OrderedDict([("0", f3), ("1", self.down(f3))])
+
+
+class DetectorOutputs(nn.Module):
+    """image [1, 3, H, W] -> torchvision detector -> (boxes [K, 4], scores [K], labels [K])."""
+
+    def __init__(self, det):
+        super().__init__()
+        self.det = det
+
+    def forward(self, image):
+        out = self.det([image[0]])[0]
+        return out["boxes"], out["scores"], out["labels"]
+
+
+def spec_detector():
+    # needs torchvision: run with /work/venv-tv/bin/python (see the module docstring)
+    from torchvision.models.detection import RetinaNet
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+
+    torch.manual_seed(46)
+    anchors = AnchorGenerator(sizes=((16, 24), (32, 48)), aspect_ratios=((0.5, 1.0, 2.0),) * 2)
+    det = RetinaNet(
+        TinyDetBackbone(),
+        num_classes=4,
+        min_size=64,
+        max_size=128,
+        anchor_generator=anchors,
+        score_thresh=0.4,
+        nms_thresh=0.5,
+        detections_per_img=50,
+        topk_candidates=40,
+    )
+    with torch.no_grad():
+        # torchvision initialises the head convs with std 0.01 (features vanish at random
+        # weights): He-initialise them, spread the class logits, keep box deltas small
+        for mod in det.head.modules():
+            if isinstance(mod, nn.Conv2d):
+                nn.init.kaiming_normal_(mod.weight)
+        det.head.regression_head.bbox_reg.weight.mul_(0.1)
+        det.head.classification_head.cls_logits.weight.mul_(20.0)
+        det.head.classification_head.cls_logits.bias.fill_(-3.0)
+    shapes = {"export": (64, 80), 0: (64, 80), 1: (96, 72)}
+
+    def inputs(kind, rng):
+        h, w = shapes[kind]
+        return {"image": rng.random((1, 3, h, w), dtype=np.float32)}
+
+    return dict(
+        arch="torchvision RetinaNet (weights=None, weights_backbone=None) with its transform and "
+        "post-processing: a tiny conv backbone (16 channels, strides 8/16), RetinaNetHead (4 "
+        "classes, 6 anchors per location), GeneralizedRCNNTransform (normalise, resize to "
+        "min_size 64 / max_size 128), per-level score threshold 0.4 (NonZero), top-40 candidates "
+        "(TopK), box decoding, batched NMS IoU 0.5 (NonMaxSuppression inside an If), at most 50 "
+        "detections, boxes rescaled to the input size; image [1, 3, height, width] with dynamic "
+        "height/width; the detection count is a run-time size",
+        module=DetectorOutputs(det),
+        input_names=["image"],
+        output_names=["boxes", "scores", "labels"],
+        inputs=inputs,
+        dynamic={"image": {2: "height", 3: "width"}},
+        dynamic_out={n: {0: "detections"} for n in ("boxes", "scores", "labels")},
+        std_unchecked=["scores"],  # probabilities above the score threshold: std < 0.15
+    )
+
+
 # (base name, spec builder, [(exporter, opset, fixture name[, options])])
 MODELS = [
     (
@@ -1382,7 +1942,15 @@ MODELS = [
     ("bert_indep", spec_bert_indep, [("dynamo", DYNAMO_OPSET, "bert_indep_dynamo", STRIP)]),
     ("kv_llm", spec_kv_llm, [("dynamo", DYNAMO_OPSET, "kv_llm_dynamo", STRIP)]),
     ("shape_inputs", spec_shape_inputs, [("onnx.helper", DYNAMO_OPSET, "shape_inputs")]),
+    # control flow and data-dependent sizes (If, Loop, Scan, NonZero / TopK / NonMaxSuppression)
+    ("detector", spec_detector, [("torchscript", TS_OPSET, "detector_ts")]),
+    ("yolo_nms", spec_yolo_nms, [("torchscript", TS_OPSET, "yolo_nms")]),
+    ("if_data", spec_if_data, [("torchscript", TS_OPSET, "if_data")]),
+    ("loop_decode", spec_loop_decode, [("torchscript", TS_OPSET, "loop_decode")]),
+    ("scan_rnn", spec_scan_rnn, [("onnx.helper", TS_OPSET, "scan_rnn")]),
 ]
+# packages a base needs beyond the fixture venv's; without them its fixtures are kept as they are
+REQUIRES = {"detector": ["torchvision"]}
 # named groups for --only
 GROUPS = {
     "dynamic_shapes": [
@@ -1395,6 +1963,7 @@ GROUPS = {
         "kv_llm_dynamo",
         "shape_inputs",
     ],
+    "control_flow": ["detector_ts", "yolo_nms", "if_data", "loop_decode", "scan_rnn"],
 }
 
 
@@ -1579,7 +2148,7 @@ def make_fixture(name, exporter, opset, spec, out_dir, rng_seed, options):
             )
             if diff / scale > REL_TOL:
                 raise RuntimeError(f"{n}: ORT vs eager disagree, max abs diff {diff:.3g}")
-            if not STD_RANGE[0] <= std <= STD_RANGE[1]:
+            if n not in spec.get("std_unchecked", ()) and not STD_RANGE[0] <= std <= STD_RANGE[1]:
                 raise RuntimeError(f"{n}: degenerate output std {std:.3g}")
             npz[f"out{k}:{n}"] = o
             ds["outputs"][n] = {
@@ -1645,19 +2214,20 @@ def main():
         args.only = [n for o in args.only for n in GROUPS.get(o, [o])]
     os.makedirs(args.out, exist_ok=True)
 
+    import importlib
+    import importlib.util
+
     import onnx
     import onnxruntime
-    import transformers
-    import diffusers
 
-    versions = {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "diffusers": diffusers.__version__,
-        "onnx": onnx.__version__,
-        "onnxruntime": onnxruntime.__version__,
-        "numpy": np.__version__,
-    }
+    versions = {"torch": torch.__version__}
+    # transformers / diffusers are not in the torchvision venv (detector_ts)
+    for mod in ("transformers", "diffusers", "torchvision"):
+        if importlib.util.find_spec(mod) is not None:
+            versions[mod] = importlib.import_module(mod).__version__
+    versions.update(
+        onnx=onnx.__version__, onnxruntime=onnxruntime.__version__, numpy=np.__version__
+    )
     try:
         import onnxscript
 
@@ -1666,7 +2236,7 @@ def main():
         pass
     print("versions:", versions)
 
-    fixtures, skipped = [], OrderedDict()
+    fixtures, skipped, kept = [], OrderedDict(), set()
     # data seed of a fixture = 101 + its index in MODELS, so --only reproduces a full run's data
     all_names = [e[2] for _, _, exports in MODELS for e in exports]
     for base, builder, exports in MODELS:
@@ -1678,6 +2248,12 @@ def main():
         if not wanted:
             continue
         print(f"== {base}")
+        missing = [m for m in REQUIRES.get(base, ()) if importlib.util.find_spec(m) is None]
+        if missing:  # e.g. torchvision: another interpreter makes these; keep what is there
+            names = [w[2] for w in wanted]
+            print(f"  not installed: {', '.join(missing)}; keeping the existing {', '.join(names)}")
+            kept.update(names)
+            continue
         try:
             spec = builder()
             spec["module"].eval()
@@ -1701,14 +2277,24 @@ def main():
                         os.remove(p)
 
     manifest_path = os.path.join(args.out, "manifest.json")
-    if args.only and os.path.exists(manifest_path):
-        # merge: keep the entries of fixtures not regenerated now, in MODELS order
+    manifest_versions = versions
+    if (args.only or kept) and os.path.exists(manifest_path):
+        # merge: keep the entries of fixtures not regenerated now (with --only: all of them;
+        # without: those whose requirements are not installed), in MODELS order
         with open(manifest_path) as f:
             old = json.load(f, object_pairs_hook=OrderedDict)
-        if old.get("versions") != versions:
-            print(f"note: manifest versions {old.get('versions')} -> {versions}")
+        if args.only and old.get("versions") and old["versions"] != versions:
+            # other versions made the other fixtures: record this run's in its entries
+            print(f"note: manifest versions {old['versions']}, this run's {versions}")
+            manifest_versions = old["versions"]
+            for e in fixtures:
+                e["versions"] = versions
         done = {e["name"] for e in fixtures} | set(skipped)
-        by_name = {e["name"]: e for e in old.get("fixtures", []) if e["name"] not in done}
+        by_name = {
+            e["name"]: e
+            for e in old.get("fixtures", [])
+            if e["name"] not in done and (args.only or e["name"] in kept)
+        }
         by_name.update({e["name"]: e for e in fixtures})
         order = [e[2] for _, _, exports in MODELS for e in exports]
         fixtures = sorted(
@@ -1722,7 +2308,7 @@ def main():
         skipped = old_skipped
     manifest = OrderedDict(
         generator="tests/models/make_models.py",
-        versions=versions,
+        versions=manifest_versions,
         npz_layout="for data set k: in{k}:<input name>, out{k}:<output name>; outputs computed by onnxruntime; "
         'a fixture with a "greedy" entry also has greedy:prompt and greedy:tokens',
         fixtures=fixtures,

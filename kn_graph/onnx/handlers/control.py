@@ -219,7 +219,71 @@ def loop(ctx: NodeContext) -> list[Result]:
     init = [ctx.raw_input(2 + j) for j in range(n_state)]
     if trip is not None and cond_known is True and _stays_true(sub) and _small_enough(trip, sub):
         return _unrolled_loop(ctx, sub, trip, init, n_state)
+    appended = _appended_sequences(sub, init)
+    if appended:
+        return _loop_with_appends(ctx, sub, init, n_state, n_scan, m_known, cond_known, appended)
     return _dynamic_loop(ctx, sub, init, n_state, n_scan, m_known, cond_known)
+
+
+def _appended_sequences(sub: onnx.GraphProto, init: list[Result]) -> dict[int, onnx.NodeProto]:
+    """Loop-carried sequences that start empty and only grow by one SequenceInsert at the end
+    per iteration (TorchScript's list.append): state index -> that node. Each is a scan output
+    in disguise."""
+    out: dict[int, onnx.NodeProto] = {}
+    for j, r in enumerate(init):
+        if not (isinstance(r, Seq) and not r.items and r.stacked is None):
+            continue
+        name_in, name_out = sub.input[2 + j].name, sub.output[1 + j].name
+        makers = [n for n in sub.node if name_out in n.output]
+        users = [n for n in sub.node if name_in in n.input]
+        if (
+            len(makers) == 1
+            and makers[0].op_type == "SequenceInsert"
+            and list(makers[0].input[:1]) == [name_in]
+            and (len(makers[0].input) < 3 or not makers[0].input[2])
+            and users == makers
+            and sum(o.name == name_out for o in sub.output) == 1
+        ):
+            out[j] = makers[0]
+    return out
+
+
+def _loop_with_appends(
+    ctx: NodeContext,
+    sub: onnx.GraphProto,
+    init: list[Result],
+    n_state: int,
+    n_scan: int,
+    m_known: Known | None,
+    cond_known: bool | None,
+    appended: dict[int, onnx.NodeProto],
+) -> list[Result]:
+    """The loop with each appended sequence turned into a scan output of the appended tensor;
+    the sequence after the loop is that stack (`Seq.stacked`)."""
+    body = onnx.GraphProto()
+    body.CopyFrom(sub)
+    keep = [j for j in range(n_state) if j not in appended]
+    del body.input[:]
+    body.input.extend([sub.input[0], sub.input[1], *(sub.input[2 + j] for j in keep)])
+    del body.output[:]
+    body.output.extend([sub.output[0], *(sub.output[1 + j] for j in keep)])
+    body.output.extend(sub.output[1 + n_state :])
+    for maker in appended.values():
+        body.output.append(onnx.ValueInfoProto(name=maker.input[1]))
+    drop = {id(n) for n in appended.values()}
+    nodes = [n for n in sub.node if id(n) not in drop]
+    del body.node[:]
+    body.node.extend(nodes)
+    outs = _dynamic_loop(
+        ctx, body, [init[j] for j in keep], len(keep), n_scan + len(appended), m_known, cond_known
+    )
+    finals = dict(zip(keep, outs[: len(keep)], strict=True))
+    stacks = outs[len(keep) :]
+    scans, extra = stacks[:n_scan], stacks[n_scan:]
+    for (j, _), stack in zip(appended.items(), extra, strict=True):
+        v = _tensor(ctx, stack, f"appended sequence {j}")
+        finals[j] = Seq((), ctx.graph[v].dtype, stacked=v)
+    return [finals[j] for j in range(n_state)] + list(scans)
 
 
 def _unrolled_loop(

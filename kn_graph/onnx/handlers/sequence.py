@@ -13,13 +13,16 @@ import numpy as np
 from kn_graph.dtype import DType
 from kn_graph.onnx.context import Known, NodeContext, Result, Seq, onnx_dtype, onnx_op
 from kn_graph.onnx.handlers.shape import axis_of
-from kn_graph.shape import Size
+from kn_graph.ops import Value
+from kn_graph.shape import Shape, Size
 
 
-def _seq(ctx: NodeContext, i: int) -> Seq:
+def _seq(ctx: NodeContext, i: int, stacked_ok: bool = True) -> Seq:
     r = ctx.raw_input(i)
     if not isinstance(r, Seq):
         ctx.unsupported(f"input {i} ('{ctx.input_name(i)}') must be a sequence")
+    if not stacked_ok:
+        _items(ctx, r)
     return r
 
 
@@ -54,20 +57,30 @@ def sequence_empty(ctx: NodeContext) -> Result:
     return Seq((), dt)
 
 
+def _items(ctx: NodeContext, s: Seq) -> tuple[Result, ...]:
+    if s.stacked is not None:
+        ctx.unsupported("a sequence whose length is only known at run time, used element-wise")
+    return s.items
+
+
 @onnx_op("SequenceLength")
 def sequence_length(ctx: NodeContext) -> Result:
-    return Known(np.array(len(_seq(ctx, 0).items), np.int64), DType.I64)
+    s = _seq(ctx, 0)
+    if s.stacked is not None:
+        return ctx.size_value(ctx.graph[s.stacked].shape[0], DType.I64)
+    return Known(np.array(len(s.items), np.int64), DType.I64)
 
 
 @onnx_op("SequenceAt")
 def sequence_at(ctx: NodeContext) -> Result:
     s = _seq(ctx, 0)
-    return s.items[_position(ctx, 1, len(s.items), insert=False)]
+    items = _items(ctx, s)
+    return items[_position(ctx, 1, len(items), insert=False)]
 
 
 @onnx_op("SequenceInsert")
 def sequence_insert(ctx: NodeContext) -> Result:
-    s = _seq(ctx, 0)
+    s = _seq(ctx, 0, stacked_ok=False)
     t = ctx.tensor_input(1)
     if s.dtype is not None and _dtype_of(ctx, t) != s.dtype:
         ctx.unsupported(f"inserting {_dtype_of(ctx, t)} into a sequence of {s.dtype}")
@@ -78,7 +91,7 @@ def sequence_insert(ctx: NodeContext) -> Result:
 
 @onnx_op("SequenceErase")
 def sequence_erase(ctx: NodeContext) -> Result:
-    s = _seq(ctx, 0)
+    s = _seq(ctx, 0, stacked_ok=False)
     n = len(s.items)
     p = _position(ctx, 1, n, insert=False) if ctx.has_input(1) else n - 1
     if p < 0:
@@ -123,6 +136,8 @@ def split_to_sequence(ctx: NodeContext) -> Result:
 def concat_from_sequence(ctx: NodeContext) -> Result:
     g = ctx.graph
     s = _seq(ctx, 0)
+    if s.stacked is not None:
+        return _concat_stacked(ctx, s.stacked)
     if not s.items:
         ctx.unsupported("concatenating an empty sequence")
     vals = [ctx.loader.as_value(r) for r in s.items]
@@ -139,7 +154,7 @@ def sequence_map(ctx: NodeContext) -> list[Result]:
     body = ctx.attr_graph("body")
     if body is None or len(body.input) != ctx.num_inputs:
         ctx.unsupported("the body must take one input per node input")
-    first = _seq(ctx, 0)
+    first = _seq(ctx, 0, stacked_ok=False)
     n = len(first.items)
     args = [ctx.raw_input(i) for i in range(ctx.num_inputs)]
     for i, a in enumerate(args):
@@ -172,3 +187,20 @@ def optional_get_element(ctx: NodeContext) -> Result:
 def optional_has_element(ctx: NodeContext) -> Result:
     # an optional here always holds its value (empty optionals are refused where they are made)
     return Known(np.array(ctx.has_input(0)), DType.BOOL)
+
+
+def _concat_stacked(ctx: NodeContext, st: Value) -> Result:
+    """ConcatFromSequence of a stack [L, *element]: with new_axis the element axis `axis` gets
+    L in front of it (a permute); without, L merges into the element's axis `axis` (a view)."""
+    g = ctx.graph
+    shape = g[st].shape
+    rank = shape.rank - 1
+    new_axis = ctx.attr_bool("new_axis", False)
+    axis = ctx.axis(ctx.attr_int("axis"), rank + 1 if new_axis else rank)
+    perm = [*range(1, axis + 1), 0, *range(axis + 1, rank + 1)]
+    moved = g.permute(st, perm)
+    if new_axis:
+        return moved
+    dims = list(g[moved].shape.dims)
+    merged = dims[axis] * dims[axis + 1]
+    return g.view(moved, Shape((*dims[:axis], merged, *dims[axis + 2 :])))
