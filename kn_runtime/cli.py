@@ -132,7 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--input", action="append", default=[], metavar="NAME=FILE.npy", help="input data"
     )
-    ap.add_argument("--device", default="best", choices=["cpu", "cuda", "best"])
+    ap.add_argument(
+        "--device",
+        default="best",
+        choices=["cpu", "cpu-fast", "cuda", "best"],
+        help="cpu: the NumPy reference executor; cpu-fast: the plan on the host (C, oneDNN)",
+    )
+    ap.add_argument("--threads", type=int, help="intra-op threads of --device cpu-fast")
     ap.add_argument("--bench", action="store_true", help="time repeated evaluations")
     ap.add_argument("--runs", default="10", help="evaluations for --bench")
     ap.add_argument("--no-optimize", action="store_true", help="run the graph as loaded")
@@ -190,7 +196,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.print_graph:
         print(graph)
 
-    device = {"cpu": Device.cpu, "cuda": Device.cuda, "best": Device.best}[args.device]()
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads: expected >= 1, found {args.threads}")
+    devices = {
+        "cpu": Device.cpu,
+        "cpu-fast": lambda: Device.cpu(fast=True, threads=args.threads),
+        "cuda": Device.cuda,
+        "best": Device.best,
+    }
+    device = devices[args.device]()
     fixed = dict(dims0)
     symbols = set().union(*(graph[v].shape.symbols for v in graph.inputs))
     declared = {
@@ -256,13 +270,15 @@ def _run(args: argparse.Namespace) -> int:
             prepared.eval(inputs)
             times.append(time.perf_counter() - t0)
     print(f"time per evaluation: {statistics.median(times) * 1e3:.2f} ms (median of {len(times)})")
-    if device.kind != "cpu" and not args.no_check:
+    if (device.kind != "cpu" or device.fast) and not args.no_check:
         ref = Device.cpu().prepare(graph).eval(inputs)
         print(f"difference from the CPU executor: {_difference(outputs, ref)}")
     if args.profile:
-        if device.kind == "cpu":
+        if device.kind == "cpu" and not device.fast:
             print(
-                "kn-run: --profile times device steps; the CPU executor has none", file=sys.stderr
+                "kn-run: --profile times device steps; the CPU executor has none (use --device "
+                "cpu-fast or cuda)",
+                file=sys.stderr,
             )
         else:
             print(prepared.profile(inputs))

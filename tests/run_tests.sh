@@ -7,6 +7,11 @@ if ! command -v dot >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq graphviz >/dev/null
 fi
+# libgomp1: the OpenMP runtime the oneDNN wheel of the test extra links (gcc brings it; slim images lack it)
+if ! ldconfig -p 2>/dev/null | grep -q "libgomp\.so\.1 "; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libgomp1 >/dev/null
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip

@@ -1,0 +1,303 @@
+"""The host plan executor (`kn_cuda_eval.cpu.executor`) against the reference executor
+`kn_graph.cpu.evaluate`, with the emulator's tolerances: every fixture of the corpus (as loaded
+and optimized, both bindings), the adversarial layouts of the planner tests (permuted,
+broadcast, sliced and negative strides, size 0, rank 0, every op and dtype), the no-compiler
+fallback, errors, and the accuracy of the prelude's vectorizable exp / tanh / erf.
+
+All static plans share one compiled library (built once per session, cached on disk by source
+hash under pytest's cache dir, like the cubins)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+import pytest
+import scipy.special
+
+from kn_cuda_eval import Plan, PlanSettings, plan, steps
+from kn_cuda_eval.cpu import build
+from kn_cuda_eval.cpu.executor import HostExecutor, HostLibrary, HostPreparedGraph
+from kn_cuda_eval.kernels.host_check import parametrizations
+from kn_graph import DType, Graph, ReduceOp, Shape, UnaryOp
+from kn_graph.cpu import evaluate
+from kn_graph.errors import EvaluationError, KnError
+from kn_graph.optimizer import optimize
+from tests.cuda_eval.corpus import FIXTURES, cases
+from tests.cuda_eval.helpers import assert_close
+
+Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
+PLANNER_TESTS = ("test_layouts", "test_elementwise", "test_steps")
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    graph: Graph
+    plan: Plan | None  # None: a graph with data-dependent ops, run segment by segment
+    inputs: Inputs
+    ref: list[np.ndarray]
+
+
+def _both(
+    label: str, graph: Graph, inputs: Inputs, ref: list[np.ndarray], **kw: object
+) -> list[Case]:
+    out = []
+    for how, g in (("unoptimized", graph), ("optimized", optimize(graph))):
+        p = None if g.has_dynamic else plan(g, **kw)  # type: ignore[arg-type]
+        out.append(Case(f"{label} ({how})", g, p, inputs, ref))
+    return out
+
+
+@functools.cache
+def corpus(name: str) -> list[Case]:
+    return [
+        c
+        for graph, feed, binds in cases(name)
+        for c in _both(f"{name} {binds}", graph, feed, evaluate(graph, feed), bindings=binds)
+    ]
+
+
+def _loadable(name: str) -> list[Case]:
+    """The fixture's cases, or none when it does not load (its own test reports why)."""
+    try:
+        return corpus(name)
+    except KnError:
+        return []
+
+
+def _harvest(module: ModuleType) -> list[Case]:
+    """Every test of a planner test module run with a `check_plan` that records its graphs,
+    inputs, plans and the reference executor's outputs; tests that do not run through (they
+    expect an error) are left out."""
+    recorded: list[Case] = []
+    label = ""
+
+    def record(
+        graph: Graph,
+        inputs: Inputs,
+        batch: int | None = None,
+        bindings: Mapping[str, int] | None = None,
+        *,
+        optimized: bool = True,
+        settings: PlanSettings | None = None,
+        expected: Sequence[np.ndarray] | None = None,
+    ) -> list[Plan]:
+        snap = dict(inputs) if isinstance(inputs, Mapping) else list(inputs)
+        ref = list(expected) if expected is not None else evaluate(graph, snap, batch)
+        graphs = [("unoptimized", graph)] + ([("optimized", optimize(graph))] if optimized else [])
+        plans = []
+        for how, g in graphs:
+            p = plan(g, batch, bindings, settings)
+            plans.append(p)
+            recorded.append(Case(f"{label} ({how})", g, p, snap, ref))
+        return plans
+
+    saved = {n: getattr(module, n) for n in ("check_plan", "compile_all") if hasattr(module, n)}
+    module.check_plan = record  # type: ignore[attr-defined]
+    if "compile_all" in saved:
+        module.compile_all = lambda p: []  # type: ignore[attr-defined]
+    out: list[Case] = []
+    try:
+        for name, fn in vars(module).items():
+            if not name.startswith("test_") or not callable(fn):
+                continue
+            for params in parametrizations(fn):
+                label = f"{module.__name__}::{name}{list(params.values()) if params else ''}"
+                recorded.clear()
+                try:
+                    fn(**params)
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as e:
+                    logging.getLogger(__name__).info("%s left out: %s", label, e)
+                    continue
+                out += recorded
+    finally:
+        for n, v in saved.items():
+            setattr(module, n, v)
+    return out
+
+
+@functools.cache
+def layouts() -> list[Case]:
+    import importlib
+
+    return [
+        c for m in PLANNER_TESTS for c in _harvest(importlib.import_module(f"tests.cuda_eval.{m}"))
+    ]
+
+
+@functools.cache
+def library() -> HostLibrary | None:
+    """One library for every static plan of the corpus and the layout tests."""
+    plans = [c.plan for f in FIXTURES for c in _loadable(f["name"]) if c.plan is not None]
+    plans += [c.plan for c in layouts() if c.plan is not None]
+    return HostLibrary.for_plans(plans)
+
+
+def _run_segmented(graph: Graph, inputs: Inputs) -> list[np.ndarray]:
+    from kn_cuda_eval.segments import SegmentedRunner
+
+    execs: dict[object, HostExecutor] = {}
+
+    def run_segment(
+        seg: object, arrays: Sequence[np.ndarray], binds: Mapping[str, int]
+    ) -> list[np.ndarray]:
+        key = (seg.graph.id, tuple(sorted(binds.items())))  # type: ignore[attr-defined]
+        ex = execs.get(key)
+        if ex is None:
+            p = plan(seg.graph, bindings=dict(binds))  # type: ignore[attr-defined]
+            ex = execs[key] = HostExecutor(p)
+        return ex.eval([np.asarray(a) for a in arrays])
+
+    return SegmentedRunner(run_segment).run(graph, inputs)
+
+
+def _check(c: Case, lib: HostLibrary | None, evals: int = 2) -> None:
+    ex = None if c.plan is None else HostExecutor(c.plan, library=lib)
+    for run in range(evals):  # a second evaluation reuses the arena
+        got = _run_segmented(c.graph, c.inputs) if ex is None else ex.eval(c.inputs)
+        assert len(got) == len(c.ref)
+        for k, (a, b) in enumerate(zip(got, c.ref, strict=True)):
+            assert_close(a, np.asarray(b), f"{c.label} output {k} (run {run})\n{c.plan}")
+
+
+@pytest.mark.parametrize("name", [f["name"] for f in FIXTURES])
+def test_fixture_on_the_host_matches_the_reference(name: str) -> None:
+    lib = library()
+    for c in corpus(name):
+        _check(c, lib)
+
+
+def test_adversarial_layouts_on_the_host_match_the_reference() -> None:
+    cs = layouts()
+    assert len(cs) > 100, len(cs)
+    lib = library()
+    for c in cs:
+        _check(c, lib, evals=1)
+
+
+def test_without_a_compiler_the_numpy_steps_give_the_same_results(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(build, "compiler", lambda: None)
+    chosen = [c for c in layouts() if c.plan is not None][::7]
+    chosen += [c for f in FIXTURES[:6] for c in _loadable(f["name"]) if c.plan is not None][:8]
+    with caplog.at_level(logging.WARNING):
+        for c in chosen:
+            ex = HostExecutor(c.plan)  # type: ignore[arg-type]
+            assert ex.library is None
+            got = ex.eval(c.inputs)
+            for k, (a, b) in enumerate(zip(got, c.ref, strict=True)):
+                assert_close(a, np.asarray(b), f"{c.label} output {k} without a compiler")
+
+
+def _unary_plan(op: UnaryOp, n: int) -> Plan:
+    g = Graph()
+    x = g.input(Shape.of(n), DType.F32, "x")
+    g.add_output(g.unary(op, x), "y")
+    return plan(g)
+
+
+@pytest.mark.parametrize(
+    ("op", "ref", "ulps"),
+    [
+        (UnaryOp.EXP, np.exp, 2),
+        (UnaryOp.TANH, np.tanh, 3),
+        (UnaryOp.ERF, scipy.special.erf, 3),
+    ],
+    ids=["exp", "tanh", "erf"],
+)
+def test_vectorizable_math_is_accurate_to_f32_rounding(
+    op: UnaryOp, ref: Callable, ulps: int
+) -> None:
+    if build.compiler() is None:
+        pytest.skip("no C compiler")
+    xs = np.concatenate(
+        [
+            np.linspace(-12, 12, 200_001, dtype=np.float32),
+            np.float32([0.0, -0.0, 1e-30, -1e-30, 88.7, -103.0, -110.0, 89.0, 1e-8]),
+        ]
+    )
+    if op is not UnaryOp.EXP:
+        xs = np.concatenate([xs, np.float32([100.0, -100.0, 3e38])])
+    got = HostExecutor(_unary_plan(op, xs.size)).eval([xs])[0]
+    want = ref(xs.astype(np.float64))
+    fin = np.isfinite(want) & (np.abs(want) < 3e38)
+    ulp = np.spacing(np.abs(want[fin]).astype(np.float32)).astype(np.float64)
+    err = np.abs(got[fin].astype(np.float64) - want[fin]) / np.maximum(ulp, 2.0**-149)
+    assert float(err.max()) <= ulps, (float(err.max()), xs[fin][int(err.argmax())])
+    specials = HostExecutor(_unary_plan(op, 3)).eval([np.float32([np.nan, np.inf, -np.inf])])[0]
+    np.testing.assert_array_equal(
+        specials, ref(np.float32([np.nan, np.inf, -np.inf])).astype(np.float32)
+    )
+
+
+def test_gather_index_out_of_range_names_the_step() -> None:
+    g = Graph()
+    x = g.input(Shape.of(4, 5), DType.F32, "x")
+    i = g.input(Shape.of(3), DType.I64, "i")
+    g.add_output(g.exp(g.gather(x, 1, i)), "y")
+    ex = HostExecutor(plan(g))
+    xs = np.ones((4, 5), np.float32)
+    np.testing.assert_allclose(ex.eval([xs, np.int64([0, 4, 2])])[0], np.e, rtol=1e-6)
+    with pytest.raises(EvaluationError, match=r"step \d+ \(gather .*index out of range \[0, 5\)"):
+        ex.eval([xs, np.int64([0, 5, 2])])
+
+
+def test_prepared_graph_plans_per_binding_and_profiles() -> None:
+    name = FIXTURES[0]["name"]
+    c0 = corpus(name)[0]
+    prepared = HostPreparedGraph(c0.graph)
+    feeds = [c.inputs for c in corpus(name) if c.graph is c0.graph]
+    for feed in feeds:
+        for a, b in zip(prepared.eval(feed), evaluate(c0.graph, feed), strict=True):
+            assert_close(a, b, name)
+    assert len(prepared.executors) >= 1
+    prof = prepared.profile(feeds[0])
+    ex = next(iter(prepared.executors.values()))
+    assert [r.step for r in prof.rows] == list(range(len(ex.plan.steps)))
+    assert "by kind:" in prof.table()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_steps_past_the_parallel_threshold_match_the_reference(threads: int) -> None:
+    """Sizes where every kernel splits its work over threads: rows split into chunks (a few
+    long rows), the odometer over permuted outer axes, row kernels, gathers and attention."""
+    rng = np.random.default_rng(5)
+    g = Graph()
+    x = g.input(Shape.of(3, 40000), DType.F32, "x")
+    y = g.input(Shape.of(70, 30, 40), DType.F32, "y")
+    idx = g.input(Shape.of(500), DType.I64, "i")
+    g.add_output(g.unary(UnaryOp.GELU, g.mul(x, 0.5)), "gelu")
+    g.add_output(g.exp(g.permute(g.flip(y, 1), [2, 0, 1])), "perm")
+    g.add_output(g.softmax(g.mul(y, 0.25), 2), "softmax")
+    g.add_output(g.layernorm(g.permute(y, [0, 2, 1]), 2, 1e-5), "layernorm")
+    g.add_output(g.reduce(y, [1], ReduceOp.MAX), "max")
+    g.add_output(g.reduce(g.permute(y, [2, 1, 0]), [1, 2], ReduceOp.SUM), "sum")
+    g.add_output(g.gather(x, 1, idx), "gather_inner")
+    g.add_output(g.gather(g.permute(x, [1, 0]), 0, idx), "gather_outer")
+    q = g.input(Shape.of(6, 70, 16), DType.F32, "q")
+    k = g.input(Shape.of(6, 90, 16), DType.F32, "k")
+    v = g.input(Shape.of(6, 90, 24), DType.F32, "v")
+    g.add_output(g.attention(q, k, v, None, 0.25, True), "attention")
+    feed = {
+        "x": rng.standard_normal((3, 40000)).astype(np.float32),
+        "y": rng.standard_normal((70, 30, 40)).astype(np.float32),
+        "i": rng.integers(0, 3, 500),
+        "q": rng.standard_normal((6, 70, 16)).astype(np.float32),
+        "k": rng.standard_normal((6, 90, 16)).astype(np.float32),
+        "v": rng.standard_normal((6, 90, 24)).astype(np.float32),
+    }
+    ref = evaluate(g, feed)
+    for gg in (g, optimize(g)):
+        p = plan(gg, settings=PlanSettings(fused_attention=True))
+        assert any(isinstance(s, steps.Attention) for s in p.steps)
+        got = HostExecutor(p, threads=threads).eval(feed)
+        for name, a, b in zip(g.output_names, got, ref, strict=True):
+            assert_close(a, b, f"{name} on {threads} threads\n{p}")
