@@ -4,13 +4,13 @@ repetition, pooling and normalisations. Every one of them lowers to the orthogon
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from kn_graph.dtype import DType
-from kn_graph.errors import GraphError
+from kn_graph.errors import FixedSizeRequiredError, GraphError
 from kn_graph.ops import BinaryOp, ReduceOp, UnaryOp, Value
 from kn_graph.shape import Shape, Size, SizeLike
 
@@ -18,6 +18,33 @@ if TYPE_CHECKING:
     from kn_graph.graph import Graph, Operand
 
 __all__ = ["NNBuilders"]
+
+
+def _pool_geometry(
+    shape: Shape,
+    sizes: Sequence[int],
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    pads: Sequence[tuple[int, int]],
+    dilation: Sequence[int],
+    ceil_mode: bool,
+) -> tuple[list[int], list[int]]:
+    """(output size, extra end padding) per spatial axis of a pooling window."""
+    outs, extra = [], []
+    for i in range(len(kernel)):
+        n, k, s, d = sizes[i], kernel[i], stride[i], dilation[i]
+        pb, pa = pads[i]
+        if k < 1 or s < 1 or d < 1 or pb < 0 or pa < 0:
+            raise GraphError(f"pool: invalid kernel/stride/dilation/pads on axis {i}")
+        span = n + pb + pa - d * (k - 1) - 1
+        if span < 0:
+            raise GraphError(f"pool: kernel {list(kernel)} larger than padded input {shape}")
+        o = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (o - 1) * s >= n + pb:
+            o -= 1
+        outs.append(o)
+        extra.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (n + pb + pa)))
+    return outs, extra
 
 
 def _lowest(dtype: DType) -> float | int:
@@ -285,6 +312,81 @@ class NNBuilders:
                 parts.append(self.slice_raw(x, axis, 0, 1, after))
         return parts
 
+    def _pool_taps(
+        self: Graph,
+        x: Value,
+        kernel: Sequence[int],
+        stride: Sequence[int],
+        pads: Sequence[tuple[int, int]],
+        dilation: Sequence[int],
+        outs: Sequence[int],
+        extra: Sequence[int],
+        fill: float | int,
+    ) -> Iterator[Value]:
+        """For each kernel offset (row-major), the strided slice of x padded with `fill`."""
+        first = self[x].rank - len(kernel)
+        padded = self.pad(
+            x,
+            [(0, 0)] * first + [(pb, pa + e) for (pb, pa), e in zip(pads, extra, strict=True)],
+            value=fill,
+        )
+        for offs in np.ndindex(*kernel):
+            win = padded
+            for i, o in enumerate(offs):
+                win = self.slice_raw(win, first + i, o * dilation[i], stride[i], outs[i])
+            yield win
+
+    def max_pool_indices(
+        self: Graph,
+        x: Value,
+        kernel: Sequence[int],
+        stride: Sequence[int],
+        pads: Sequence[tuple[int, int]],
+        dilation: Sequence[int],
+        ceil_mode: bool = False,
+        column_major: bool = False,
+    ) -> Value:
+        """MaxPool's Indices: per window, the flat index into x ([N, C, *spatial], row-major, or
+        with `column_major` spatial axes counted first-fastest) of its first largest element."""
+        info = self[x]
+        nd = len(kernel)
+        if info.rank != nd + 2 or not all(d.is_fixed for d in info.shape.dims[2:]):
+            raise FixedSizeRequiredError(
+                f"max pool indices of {info.shape} need fixed spatial sizes"
+            )
+        sizes = [d.as_int() for d in info.shape.dims[2:]]
+        outs, extra = _pool_geometry(info.shape, sizes, kernel, stride, pads, dilation, ceil_mode)
+        spatial = math.prod(sizes)
+        plane = np.arange(spatial, dtype=np.int64).reshape(sizes)
+        if column_major:
+            plane = np.arange(spatial, dtype=np.int64).reshape(sizes[::-1]).T.copy()
+        n, c = info.shape[0], info.shape[1]
+        per_n = c * spatial
+        fixed = per_n.fixed_value()
+        base = self.mul(
+            self.iota(Shape.of(n, c), 0), fixed if fixed is not None else self.size_value(per_n)
+        )
+        base = self.add(base, self.mul(self.iota(Shape.of(n, c), 1), spatial))
+        full = Shape.of(n, c, *sizes)
+        flat = self.add(
+            self.broadcast(self.view(base, Shape.of(n, c, *([1] * nd))), full),
+            self.broadcast(self.constant(plane.reshape(1, 1, *sizes)), full),
+        )
+        best_v: Value | None = None
+        best_i: Value | None = None
+        taps_v = self._pool_taps(
+            x, kernel, stride, pads, dilation, outs, extra, _lowest(info.dtype)
+        )
+        taps_i = self._pool_taps(flat, kernel, stride, pads, dilation, outs, extra, -1)
+        for v, i in zip(taps_v, taps_i, strict=True):
+            if best_v is None or best_i is None:
+                best_v, best_i = v, i
+                continue
+            take = self.binary(BinaryOp.GT, v, best_v)  # strictly: the first largest wins
+            best_v, best_i = self.select(take, v, best_v), self.select(take, i, best_i)
+        assert best_i is not None
+        return best_i
+
     def pool(
         self: Graph,
         x: Value,
@@ -316,33 +418,10 @@ class NNBuilders:
                 x, kind, kernel, stride, pads, dilation, ceil_mode, count_include_pad
             )
         sizes = [info.shape[first + i].as_int("pool: spatial size") for i in range(nd)]
-        outs, extra = [], []
-        for i in range(nd):
-            n, k, s, d = sizes[i], kernel[i], stride[i], dilation[i]
-            pb, pa = pads[i]
-            if k < 1 or s < 1 or d < 1 or pb < 0 or pa < 0:
-                raise GraphError(f"pool: invalid kernel/stride/dilation/pads on axis {i}")
-            span = n + pb + pa - d * (k - 1) - 1
-            if span < 0:
-                raise GraphError(
-                    f"pool: kernel {list(kernel)} larger than padded input {info.shape}"
-                )
-            o = (-(-span // s) if ceil_mode else span // s) + 1
-            if ceil_mode and (o - 1) * s >= n + pb:
-                o -= 1
-            outs.append(o)
-            extra.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (n + pb + pa)))
+        outs, extra = _pool_geometry(info.shape, sizes, kernel, stride, pads, dilation, ceil_mode)
         fill = _lowest(info.dtype) if kind == "max" else 0
-        padded = self.pad(
-            x,
-            [(0, 0)] * first + [(pb, pa + e) for (pb, pa), e in zip(pads, extra, strict=True)],
-            value=fill,
-        )
         acc: Value | None = None
-        for offs in np.ndindex(*kernel):
-            win = padded
-            for i, o in enumerate(offs):
-                win = self.slice_raw(win, first + i, o * dilation[i], stride[i], outs[i])
+        for win in self._pool_taps(x, kernel, stride, pads, dilation, outs, extra, fill):
             if acc is None:
                 acc = win
             else:

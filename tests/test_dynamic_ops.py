@@ -340,3 +340,34 @@ def test_scatter_with_indices_from_data(reduction: str) -> None:
     g = load_onnx(m)
     with pytest.raises(EvaluationError, match="scatter_nd: index 7 out of range"):
         evaluate(g, {**feed, "pairs": np.array([[1], [7], [1]])})
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+def test_maxpool_indices_feed_maxunpool(storage_order: int) -> None:
+    """SegNet-style: MaxPool's Indices output, then MaxUnpool scatters the values back (indices
+    from data), at two batch sizes; with storage_order=1 the indices are column-major."""
+    nodes = [
+        node(
+            "MaxPool",
+            ["x"],
+            ["y", "i"],
+            kernel_shape=[2, 2],
+            strides=[2, 2],
+            storage_order=storage_order,
+        ),
+        node("Relu", ["y"], ["r"]),
+    ]
+    outs = ["r", "i"]
+    if storage_order == 0:  # MaxUnpool reads row-major indices
+        nodes.append(node("MaxUnpool", ["r", "i"], ["u"], kernel_shape=[2, 2], strides=[2, 2]))
+        outs.append("u")
+    x = RNG.standard_normal((1, 3, 6, 8)).astype(np.float32)
+    m = model(nodes, {"x": x}, outs, dims={"x": ["B", 3, 6, 8]})
+    feeds = [{"x": x}, {"x": RNG.standard_normal((3, 3, 6, 8)).astype(np.float32)}]
+    if storage_order == 0:
+        run_everywhere(m, feeds)
+    else:
+        g = load_onnx(m, static=True)
+        for feed in feeds:
+            for a, b in zip(evaluate(g, feed), reference(m, feed), strict=True):
+                np.testing.assert_array_equal(a, b)

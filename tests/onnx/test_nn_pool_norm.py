@@ -37,12 +37,20 @@ def test_max_pool_uint8_and_1d() -> None:
     check_ort("MaxPool", {"x": x}, {"kernel_shape": [3], "strides": [2], "pads": [1, 1]})
 
 
-def test_max_pool_indices_output_is_refused() -> None:
-    model = node_model(
-        "MaxPool", {"x": rand(1, 1, 4, 4)}, {"kernel_shape": [2, 2]}, outputs=("y", "i")
-    )
-    with pytest.raises(UnsupportedOnnxError, match="output 1"):
-        load_onnx(model)
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"kernel_shape": [2, 2]},
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+        {"kernel_shape": [2, 3], "dilations": [2, 1], "ceil_mode": 1},
+        {"kernel_shape": [2, 2], "storage_order": 1},
+    ],
+)
+def test_max_pool_indices_output(attrs: dict[str, object]) -> None:
+    """The Indices output (first largest element of each window, flat in the input) as
+    onnxruntime computes it, ties included (an input of repeated values)."""
+    x = np.round(rand(2, 3, 7, 6) * 2).astype(np.float32)  # many ties
+    check_ort("MaxPool", {"x": x}, attrs, outputs=("y", "i"))
 
 
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"])

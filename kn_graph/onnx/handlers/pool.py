@@ -49,9 +49,24 @@ def _pool(ctx: NodeContext, kind: Literal["max", "avg"], count_include_pad: bool
 
 @onnx_op("MaxPool")
 def max_pool(ctx: NodeContext) -> list[Result | None]:
-    """The optional Indices output is not produced (the loader refuses a node that uses it)."""
-    ctx.attr_bool("storage_order", False)  # only affects Indices
-    return [_pool(ctx, "max", False), None]
+    """The values, and when used the Indices output (flat positions in the input, row-major or
+    with storage_order=1 column-major), built from the same window taps."""
+    column_major = ctx.attr_bool("storage_order", False)
+    values = _pool(ctx, "max", False)
+    if len(ctx.node.output) < 2 or not ctx.node.output[1]:
+        return [values, None]
+    x = ctx.input(0)
+    win = _window(ctx, x)
+    idx = ctx.graph.max_pool_indices(
+        x,
+        win.kernel,
+        win.strides,
+        win.pads,
+        win.dilations,
+        ctx.attr_bool("ceil_mode", False),
+        column_major,
+    )
+    return [values, idx]
 
 
 @onnx_op("AveragePool")
