@@ -332,17 +332,26 @@ class SpecializingPreparedGraph(PreparedGraph):
         names = self.model.input_names
         by_name = dict(zip(names, inputs_in_order(names, inputs, "model"), strict=True))
         with self._lock:
-            graph = self.model.specialize({k: np.asarray(v) for k, v in by_name.items()})
+            graph = self.model.specialize({k: _pinned(v) for k, v in by_name.items()})
             prepared = self._prepared.get(id(graph))
             if prepared is None:
                 prepared = self.device.prepare(graph, self.batch_size, settings=self.settings)
                 self._prepared[id(graph)] = prepared
-        rest = {n: by_name[n] for n in graph.input_names}
+        rest = {}
+        for n in graph.input_names:
+            if n in by_name:
+                rest[n] = by_name[n]
+            else:  # element i of a sequence input, `name.i`
+                base, _, i = n.rpartition(".")
+                rest[n] = by_name[base][int(i)]
         return prepared, rest
 
-    def eval(self, inputs: Inputs) -> list[np.ndarray]:
+    def eval(self, inputs: Inputs) -> list[Any]:
+        """Outputs in the model's terms: a sequence output is a list of arrays."""
+        from kn_graph.onnx.loader import regroup_outputs
+
         prepared, rest = self._split(inputs)
-        return prepared.eval(rest)
+        return regroup_outputs(self.model.model, prepared.graph, prepared.eval(rest))
 
     def profile(self, inputs: Inputs) -> Any:
         prepared, rest = self._split(inputs)
@@ -354,3 +363,10 @@ class SpecializingPreparedGraph(PreparedGraph):
 
     def __repr__(self) -> str:
         return f"<SpecializingPreparedGraph on {self.device}, {self.model!r}>"
+
+
+def _pinned(v: Any) -> Any:
+    """A model input as `specialize` takes it: an array, or a list of arrays (a sequence)."""
+    if isinstance(v, list | tuple):
+        return [np.asarray(a) for a in v]
+    return np.asarray(v)

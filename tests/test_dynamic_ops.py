@@ -17,6 +17,7 @@ from kn_graph.cpu import evaluate
 from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
 from kn_graph.onnx import load_onnx
 from kn_graph.optimizer import optimize
+from kn_runtime import Device
 from tests.cuda_eval.helpers import check_plan
 from tests.onnx.helpers import model, node, reference
 
@@ -371,3 +372,37 @@ def test_maxpool_indices_feed_maxunpool(storage_order: int) -> None:
         for feed in feeds:
             for a, b in zip(evaluate(g, feed), reference(m, feed), strict=True):
                 np.testing.assert_array_equal(a, b)
+
+
+def test_sequence_inputs_and_outputs_through_the_public_api() -> None:
+    """A sequence input is a list of arrays (the model loads per structure: lengths and element
+    shapes), a sequence output comes back as a list, as onnxruntime gives them."""
+    vi = helper.make_tensor_value_info
+    seq_f = helper.make_tensor_sequence_value_info
+    g = helper.make_graph(
+        [
+            node("SequenceInsert", ["s", "t"], ["s2"]),
+            node("ConcatFromSequence", ["s2"], ["cat"], axis=0),
+            node("SplitToSequence", ["cat", "two"], ["parts"], axis=0),
+        ],
+        "g",
+        [seq_f("s", TensorProto.FLOAT, None), vi("t", TensorProto.FLOAT, [2, 3])],
+        [
+            seq_f("s2", TensorProto.FLOAT, None),
+            vi("cat", TensorProto.FLOAT, None),
+            seq_f("parts", TensorProto.FLOAT, None),
+        ],
+        initializer=[onnx.numpy_helper.from_array(np.array(2), "two")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    prepared = Device.cpu().prepare(load_onnx(m))
+    for n in (1, 3, 3):
+        feed = {
+            "s": [RNG.standard_normal((2, 3)).astype(np.float32) for _ in range(n)],
+            "t": RNG.standard_normal((2, 3)).astype(np.float32),
+        }
+        got, want = prepared.eval(feed), reference(m, feed)
+        assert [type(x) for x in got] == [list, np.ndarray, list]
+        assert len(got[0]) == n + 1 and len(got[2]) == len(want[2])
+        for a, b in zip([*got[0], got[1], *got[2]], [*want[0], want[1], *want[2]], strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -83,6 +83,8 @@ def load_onnx(
     options = _check_arguments(batch_axes, dims, input_shapes, input_values, base_dir, static)
     model, folder = _read_model(_check_source(source), base_dir)
     _check_model(model, options)
+    if sequence_outputs(model) and not static:  # outputs regrouped into lists per call
+        return ValueSpecializedModel(model, folder, options, [])
     try:
         return _load(model, folder, options)
     except StaticInputRequiredError as e:
@@ -321,14 +323,13 @@ class ValueSpecializedModel:
                         f"the model is loaded per input shape; pass inputs {missing} too"
                     )
             pinned = dict(self.options.input_values)
-            pinned.update({n: np.asarray(values[n]) for n in self.value_inputs})
+            pinned.update({n: _pin(values[n]) for n in self.value_inputs})
             shapes = dict(self.options.input_shapes)
             if self.by_shape:
                 shapes.update({n: list(np.shape(v)) for n, v in values.items() if n not in pinned})
-            key = tuple(
-                (n, pinned[n].dtype.str, pinned[n].shape, pinned[n].tobytes())
-                for n in sorted(pinned)
-            ) + tuple((n, tuple(shapes[n])) for n in sorted(shapes))
+            key = tuple((n, _key(pinned[n])) for n in sorted(pinned)) + tuple(
+                (n, tuple(shapes[n])) for n in sorted(shapes)
+            )
             hit = self._cache.get(key)
             if hit is not None:
                 return hit
@@ -354,6 +355,59 @@ class ValueSpecializedModel:
         if self.by_shape:
             what += (" and " if what else "") + "the input shapes"
         return f"<ValueSpecializedModel: inputs {self.input_names}; loaded per {what}>"
+
+
+STACKED = ".stacked"
+"""Suffix of a graph output holding a sequence output's elements stacked on axis 0."""
+
+
+def _pin(v: object) -> object:
+    """A value input as pinned: an array, or for a sequence input the list of its arrays."""
+    if isinstance(v, list | tuple):
+        return [np.asarray(a) for a in v]
+    return np.asarray(v)
+
+
+def _key(v: object) -> object:
+    """The cache key of a pinned value: its bytes; a sequence by its structure only (its
+    elements are graph inputs)."""
+    if isinstance(v, list):
+        return ("seq", tuple((a.dtype.str, a.shape) for a in v))
+    a = np.asarray(v)
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
+def sequence_outputs(model: onnx.ModelProto) -> list[str]:
+    """The names of the model's sequence-typed outputs."""
+    out = []
+    for o in model.graph.output:
+        t = o.type.optional_type.elem_type if o.type.HasField("optional_type") else o.type
+        if t.HasField("sequence_type"):
+            out.append(o.name)
+    return out
+
+
+def regroup_outputs(
+    model: onnx.ModelProto, graph: Graph, outputs: Sequence[object]
+) -> list[object]:
+    """The graph's outputs in the model's terms: a sequence output (graph outputs `name.0`,
+    `name.1`, ... or `name.stacked`) becomes one list."""
+    seqs = set(sequence_outputs(model))
+    by_name = dict(zip(graph.output_names, outputs, strict=True))
+    result: list[object] = []
+    for o in model.graph.output:
+        if o.name not in seqs:
+            result.append(by_name[o.name])
+        elif f"{o.name}{STACKED}" in by_name:
+            result.append(list(np.asarray(by_name[f"{o.name}{STACKED}"])))
+        else:
+            k = 0
+            items = []
+            while f"{o.name}.{k}" in by_name:
+                items.append(by_name[f"{o.name}.{k}"])
+                k += 1
+            result.append(items)
+    return result
 
 
 def _read_model(
@@ -459,6 +513,18 @@ class Loader:
             raise OnnxImportError("the model has no outputs")
         for out in g.output:
             r = self.lookup(out.name, None)
+            if isinstance(r, Seq):  # one graph output per element, or the stack of them
+                parts = (
+                    [(r.stacked, f"{out.name}{STACKED}")]
+                    if r.stacked is not None
+                    else [(x, f"{out.name}.{i}") for i, x in enumerate(r.items)]
+                )
+                for x, name in parts:
+                    if isinstance(x, Seq):
+                        raise UnsupportedOnnxError(out.name, "", "a sequence of sequences")
+                    v = self.as_value(x)
+                    self.graph.add_output(v, name)
+                continue
             v = self.as_value(r)
             self.graph.set_debug_name(v, out.name)
             self.graph.add_output(v, out.name)
@@ -698,9 +764,15 @@ class Loader:
     def add_input(self, inp: onnx.ValueInfoProto) -> None:
         name = inp.name
         where = f"input '{name}'"
-        if not inp.type.HasField("tensor_type"):
-            raise UnsupportedOnnxError(where, "", "only tensor inputs are supported")
-        tt = inp.type.tensor_type
+        t = inp.type
+        if t.HasField("optional_type"):  # an optional input given a value is that value
+            t = t.optional_type.elem_type
+        if t.HasField("sequence_type"):
+            self.add_sequence_input(name, t.sequence_type.elem_type)
+            return
+        if not t.HasField("tensor_type"):
+            raise UnsupportedOnnxError(where, "", "only tensor and sequence inputs are supported")
+        tt = t.tensor_type
         dt = onnx_dtype(tt.elem_type, where)
         if name in self.input_values:
             arr = np.asarray(self.input_values[name])
@@ -734,6 +806,24 @@ class Loader:
                 if s not in self.symbol_order:
                     self.symbol_order.append(s)
         self.env[name] = self.graph.input(shape, dt, name)
+
+    def add_sequence_input(self, name: str, elem: onnx.TypeProto) -> None:
+        """A sequence input: its elements become graph inputs `name.0`, `name.1`, ... shaped
+        like the given arrays (the model loads per sequence structure: `ValueSpecializedModel`
+        is asked for the list in `input_values`)."""
+        if not elem.HasField("tensor_type"):
+            raise UnsupportedOnnxError(f"input '{name}'", "", "a sequence of non-tensors")
+        dt = onnx_dtype(elem.tensor_type.elem_type, f"input '{name}'")
+        given = self.input_values.get(name)
+        if given is None:
+            raise StaticInputRequiredError("", "", name, "the elements of a sequence input")
+        items: list[Result] = []
+        for i, a in enumerate(given):
+            a = np.asarray(a)
+            if a.dtype != dt.np:
+                raise OnnxImportError(f"input '{name}' element {i}: expected {dt}, found {a.dtype}")
+            items.append(self.graph.input(Shape.of(*a.shape), dt, f"{name}.{i}"))
+        self.env[name] = Seq(tuple(items), dt)
 
     def symbol(self, p: str) -> Size:
         """The size of one named dim: B for the batch axes, a number when pinned by `dims`."""

@@ -78,12 +78,12 @@ def run_case(case) -> Outcome:
         return Outcome(case.name, "unsupported", "no data sets")
     inputs, expected = (list(map(_as_array, xs)) for xs in case.data_sets[0])
     # rank-0 tensors are stored as NumPy scalars: they are tensors all the same
-    inputs = [np.asarray(a) if isinstance(a, np.generic) else a for a in inputs]
-    expected = [np.asarray(a) if isinstance(a, np.generic) else a for a in expected]
-    if len(inputs) != len(names) or not all(isinstance(a, np.ndarray) for a in inputs):
-        return Outcome(case.name, "unsupported", "non-tensor inputs (sequences/optionals)")
-    if not all(isinstance(a, np.ndarray) for a in expected):
-        return Outcome(case.name, "unsupported", "non-tensor outputs (sequences/optionals)")
+    inputs = [_tensor_or_list(a) for a in inputs]
+    expected = [_tensor_or_list(a) for a in expected]
+    if len(inputs) != len(names) or not all(_supported(a) for a in inputs):
+        return Outcome(case.name, "unsupported", "inputs that are not tensors or sequences")
+    if not all(_supported(a) for a in expected):
+        return Outcome(case.name, "unsupported", "outputs that are not tensors or sequences")
     by_name = dict(zip(names, inputs, strict=True))
     try:
         # the public API, as a user calls it: no input values pinned by hand; a model whose
@@ -104,6 +104,9 @@ def run_case(case) -> Outcome:
         )
     if len(outs) != len(expected):
         return Outcome(case.name, "mismatch", f"{len(outs)} outputs, expected {len(expected)}")
+    outs, expected = _flatten(outs, expected)
+    if outs is None:
+        return Outcome(case.name, "mismatch", "a sequence output has the wrong length or kind")
     for i, (got, ref) in enumerate(zip(outs, expected, strict=True)):
         if got.dtype != ref.dtype or got.shape != ref.shape:
             return Outcome(
@@ -127,6 +130,37 @@ def run_case(case) -> Outcome:
             err = np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))) if got.size else 0
             return Outcome(case.name, "mismatch", f"output {i}: max abs diff {err:.3g}")
     return Outcome(case.name, "pass", "specialized on input values" if specialized else "")
+
+
+def _tensor_or_list(a: object) -> object:
+    """Rank-0 tensors are stored as NumPy scalars; sequences as lists of arrays."""
+    if isinstance(a, np.generic):
+        return np.asarray(a)
+    if isinstance(a, list):
+        return [np.asarray(x) if isinstance(x, np.generic) else x for x in a]
+    return a
+
+
+def _supported(a: object) -> bool:
+    return isinstance(a, np.ndarray) or (
+        isinstance(a, list) and all(isinstance(x, np.ndarray) for x in a)
+    )
+
+
+def _flatten(outs: list, expected: list) -> tuple[list | None, list]:
+    """Outputs and references with sequences expanded element by element (None: a sequence
+    output came back with another length, or not as a list)."""
+    got_flat, ref_flat = [], []
+    for got, ref in zip(outs, expected, strict=True):
+        if isinstance(ref, list):
+            if not isinstance(got, list) or len(got) != len(ref):
+                return None, expected
+            got_flat += [np.asarray(g) for g in got]
+            ref_flat += ref
+        else:
+            got_flat.append(got)
+            ref_flat.append(ref)
+    return got_flat, ref_flat
 
 
 def _within_f16_ulps(got: np.ndarray, ref: np.ndarray, n: int) -> bool:

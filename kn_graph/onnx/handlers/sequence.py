@@ -186,7 +186,10 @@ def optional_get_element(ctx: NodeContext) -> Result:
 @onnx_op("OptionalHasElement")
 def optional_has_element(ctx: NodeContext) -> Result:
     # an optional here always holds its value (empty optionals are refused where they are made)
-    return Known(np.array(ctx.has_input(0)), DType.BOOL)
+    present = ctx.has_input(0)
+    if present:
+        ctx.raw_input(0)
+    return Known(np.array(present), DType.BOOL)
 
 
 def _concat_stacked(ctx: NodeContext, st: Value) -> Result:
