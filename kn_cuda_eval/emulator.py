@@ -25,7 +25,7 @@ from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, InputMismatchError
 from kn_graph.ops import ReduceOp
 
-__all__ = ["emulate", "emulate_step", "load_arena", "view_array"]
+__all__ = ["emulate", "emulate_step", "load_arena", "plan_inputs", "view_array"]
 
 
 def _nd(arena: np.ndarray, v: StridedView) -> np.ndarray:
@@ -70,17 +70,7 @@ def emulate(
 def load_arena(plan: Plan, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> np.ndarray:
     """The arena before the first step: 0xFF everywhere, then the constants, the inputs and a
     zero status word (what `emulate` starts from; the host kernel check steps through it)."""
-    if isinstance(inputs, Mapping):
-        missing = [n for n in plan.input_names if n not in inputs]
-        if missing:
-            raise InputMismatchError(
-                f"missing inputs {missing}; the plan takes {list(plan.input_names)}"
-            )
-        arrays = [inputs[n] for n in plan.input_names]
-    else:
-        arrays = list(inputs)
-    if len(arrays) != len(plan.inputs):
-        raise InputMismatchError(f"expected {len(plan.inputs)} inputs, found {len(arrays)}")
+    arrays = plan_inputs(plan, inputs)
     plan.validate_once()
     have = available_bytes()
     if plan.arena_size > have:
@@ -100,15 +90,37 @@ def load_arena(plan: Plan, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarra
     for off, data in plan.constants:
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         arena[off : off + raw.size] = raw
+    for v, a in zip(plan.inputs, arrays, strict=True):
+        _store(arena, v, a)
+    _store(arena, plan.status, np.zeros((), np.uint32))
+    return arena
+
+
+def plan_inputs(
+    plan: Plan, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
+) -> list[np.ndarray]:
+    """The inputs (in order, or by name) as arrays in the plan's order, each checked against its
+    view's shape and dtype (InputMismatchError); what every host-side plan runner reads."""
+    if isinstance(inputs, Mapping):
+        missing = [n for n in plan.input_names if n not in inputs]
+        if missing:
+            raise InputMismatchError(
+                f"missing inputs {missing}; the plan takes {list(plan.input_names)}"
+            )
+        arrays = [inputs[n] for n in plan.input_names]
+    else:
+        arrays = list(inputs)
+    if len(arrays) != len(plan.inputs):
+        raise InputMismatchError(f"expected {len(plan.inputs)} inputs, found {len(arrays)}")
+    out = []
     for name, v, a in zip(plan.input_names, plan.inputs, arrays, strict=True):
         a = np.asarray(a)
         if a.shape != v.shape or a.dtype != v.dtype.np:
             raise InputMismatchError(
                 f"input '{name}': expected {v.dtype}{list(v.shape)}, found {a.dtype}{list(a.shape)}"
             )
-        _store(arena, v, a)
-    _store(arena, plan.status, np.zeros((), np.uint32))
-    return arena
+        out.append(a)
+    return out
 
 
 view_array = _nd

@@ -34,7 +34,7 @@ import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -44,12 +44,15 @@ from kn_graph.errors import EvaluationError, KnError
 from kn_graph.graph import Graph
 from kn_graph.ops import Constant, Dynamic, Input, Slice, Value
 
+T = TypeVar("T")
+
 __all__ = [
     "HostPoint",
     "Segment",
     "SegmentedGraph",
     "SegmentedRunner",
     "emulate_graph",
+    "per_binding",
     "split",
 ]
 
@@ -270,21 +273,34 @@ class SegmentedRunner:
         return arr
 
 
+def per_binding(
+    make: Callable[[Segment, dict[str, int]], T], run: Callable[[T, Sequence[Any]], list[Any]]
+) -> SegmentRun:
+    """A `SegmentRun` that builds one executor per segment and binding with `make(segment,
+    bindings)` (a plan, a device executor), keeps it, and runs it with `run(executor, arrays)`."""
+    built: dict[tuple[int, tuple[tuple[str, int], ...]], T] = {}
+
+    def run_segment(seg: Segment, arrays: Sequence[Any], bindings: Mapping[str, int]) -> list:
+        key = (seg.graph.id, tuple(sorted(bindings.items())))
+        ex = built.get(key)
+        if ex is None:
+            ex = built[key] = make(seg, dict(bindings))
+        return run(ex, arrays)
+
+    return run_segment
+
+
 @functools.cache
 def _emulator_runner() -> SegmentedRunner:
     from kn_cuda_eval.emulator import emulate
     from kn_cuda_eval.plan import plan
 
-    plans: dict[tuple[int, tuple[tuple[str, int], ...]], Any] = {}
-
-    def run_segment(seg: Segment, arrays: Sequence[Any], bindings: Mapping[str, int]) -> list:
-        key = (seg.graph.id, tuple(sorted(bindings.items())))
-        p = plans.get(key)
-        if p is None:
-            p = plans[key] = plan(seg.graph, bindings=dict(bindings))
-        return emulate(p, [np.asarray(a) for a in arrays])
-
-    return SegmentedRunner(run_segment)
+    return SegmentedRunner(
+        per_binding(
+            lambda seg, b: plan(seg.graph, bindings=b),
+            lambda p, arrays: emulate(p, [np.asarray(a) for a in arrays]),
+        )
+    )
 
 
 def emulate_graph(graph: Graph, inputs: Any) -> list[np.ndarray]:

@@ -97,10 +97,6 @@ def bind_inputs(
     """Check count, dtype and shape of the inputs; return them in order and the symbol bindings."""
     names = graph.input_names
     arrays = inputs_in_order(names, inputs)
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
-        raise ArgumentTypeError(f"batch_size: expected an int, found {batch_size!r}")
-    if batch_size is not None and batch_size < 0:
-        raise ArgumentValueError(f"batch_size: expected >= 0, found {batch_size}")
     out: list[np.ndarray] = []
     for name, v, a in zip(names, graph.inputs, arrays, strict=True):
         try:
@@ -111,29 +107,39 @@ def bind_inputs(
         if a.dtype != want.np:
             raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
         out.append(a)
-    known = _known(batch_size, known)
+    return out, _solve(graph, [a.shape for a in out], batch_size, known)
+
+
+def _solve(
+    graph: Graph,
+    shapes: Sequence[Sequence[int]],
+    batch_size: int | None,
+    known: Mapping[str, int] | None,
+) -> dict[str, int]:
+    """The symbol bindings of input shapes, with B from `batch_size` and `known` (an enclosing
+    graph's bindings when a subgraph runs) pre-bound; guards checked. A bad shape is an
+    InputMismatchError."""
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)):
+        raise ArgumentTypeError(f"batch_size: expected an int, found {batch_size!r}")
+    if batch_size is not None and batch_size < 0:
+        raise ArgumentValueError(f"batch_size: expected >= 0, found {batch_size}")
+    pre = dict(known or {})
+    if batch_size is not None:
+        pre[BATCH] = int(batch_size)
+    names = graph.input_names
     try:
         bindings = infer_symbols(
             [graph[v].shape for v in graph.inputs],
-            [a.shape for a in out],
+            shapes,
             [f"input '{n}'" for n in names],
-            known,
+            pre or None,
         )
         graph.check_bindings(bindings)
     except InputMismatchError:
         raise
     except ShapeMismatchError as e:  # a bad input shape is an input mismatch (a subclass)
         raise InputMismatchError(str(e)) from e
-    return out, bindings
-
-
-def _known(batch_size: int | None, known: Mapping[str, int] | None) -> dict[str, int] | None:
-    """Symbols bound before the inputs are read: B from `batch_size`, and `known` (an enclosing
-    graph's bindings when a subgraph runs)."""
-    out = dict(known or {})
-    if batch_size is not None:
-        out[BATCH] = int(batch_size)
-    return out or None
+    return bindings
 
 
 def bind_shapes(
@@ -154,17 +160,7 @@ def bind_shapes(
         if _np_dtype(a.dtype) != want.np:
             raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
         shapes.append(tuple(int(d) for d in a.shape))
-    known = _known(batch_size, known)
-    try:
-        bindings = infer_symbols(
-            [graph[v].shape for v in graph.inputs], shapes, [f"input '{n}'" for n in names], known
-        )
-        graph.check_bindings(bindings)
-        return bindings
-    except InputMismatchError:
-        raise
-    except ShapeMismatchError as e:
-        raise InputMismatchError(str(e)) from e
+    return _solve(graph, shapes, batch_size, known)
 
 
 def _np_dtype(dt: Any) -> np.dtype | None:

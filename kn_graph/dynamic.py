@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kn_graph.errors import EvaluationError
-from kn_graph.shape import infer_symbols
+from kn_graph.shape import Shape, infer_symbols
 
 if TYPE_CHECKING:
     from kn_graph.graph import Graph
@@ -273,11 +273,16 @@ def _if(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) 
     return run(else_g, caps[n_then:], b)
 
 
+def _dims_or_zero(shape: Shape, bindings: Mapping[str, int]) -> list[int]:
+    """The sizes of `shape` where bound; 0 where a symbol is not (a scan output of a loop that
+    ran no iteration has no element to take its sizes from)."""
+    return [d.eval(bindings) if d.symbols <= bindings.keys() else 0 for d in shape.dims]
+
+
 def _stack(parts: list[np.ndarray], shape, dtype, bindings: Mapping[str, int]) -> np.ndarray:
     if parts:
         return np.stack(parts)
-    dims = [d.eval(bindings) if d.symbols <= bindings.keys() else 0 for d in shape.dims]
-    return np.zeros([0, *dims[1:]], dtype.np)
+    return np.zeros([0, *_dims_or_zero(shape, bindings)[1:]], dtype.np)
 
 
 def _loop(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
@@ -332,8 +337,7 @@ def _scan(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph
         if parts:
             results.append(np.stack(parts, axis=ax))
         else:
-            dims = [d.eval(b) if d.symbols <= b.keys() else 0 for d in shape.dims]
-            results.append(np.zeros(dims, dt.np))
+            results.append(np.zeros(_dims_or_zero(shape, b), dt.np))
     return results
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kn_graph.dtype import DType
-from kn_graph.errors import GraphError
+from kn_graph.errors import GraphError, ShapeMismatchError
 from kn_graph.nn import NNBuilders
 from kn_graph.ops import (
     Attention,
@@ -335,7 +335,11 @@ class Graph(NNBuilders):
         late = self.runtime_symbols - bindings.keys()
         if late:
             guards = [g for g in guards if not (g.lhs.symbols | g.rhs.symbols) & late]
-        check_guards(guards, bindings, self.symbol_origins())
+        try:
+            check_guards(guards, bindings)
+        except ShapeMismatchError:  # again, saying where each symbol comes from (only now)
+            check_guards(guards, bindings, self.symbol_origins())
+            raise
 
     @property
     def runtime_symbols(self) -> frozenset[str]:

@@ -235,24 +235,24 @@ class SegmentedCudaPreparedGraph(PreparedGraph):
 
     def __init__(self, graph: Graph, device: Device, batch_size: int | None, settings: Any) -> None:
         super().__init__(graph, device, batch_size)
-        from kn_cuda_eval.segments import SegmentedRunner
+        from kn_cuda_eval.segments import SegmentedRunner, per_binding
 
         self.settings = settings
-        self.executors: dict[tuple[int, tuple[tuple[str, int], ...]], Any] = {}
+        self.executors: list[Any] = []
+        """Every executor made: one per segment and binding of its sizes."""
         self._lock = threading.RLock()
-        self._runner = SegmentedRunner(self._run_segment)
+        self._runner = SegmentedRunner(
+            per_binding(self._executor, lambda ex, a: ex.eval(list(a), return_device=True))
+        )
 
-    def _run_segment(self, seg: Any, arrays: Any, bindings: Mapping[str, int]) -> list[Any]:
-        key = (seg.graph.id, tuple(sorted(bindings.items())))
-        ex = self.executors.get(key)
-        if ex is None:
-            from kn_cuda_eval.device import CudaExecutor
+    def _executor(self, seg: Any, bindings: dict[str, int]) -> Any:
+        from kn_cuda_eval.device import CudaExecutor
 
-            ex = CudaExecutor(
-                seg.graph, device=self.device.index, bindings=dict(bindings), settings=self.settings
-            )
-            self.executors[key] = ex
-        return ex.eval(list(arrays), return_device=True)  # type: ignore[no-any-return]
+        ex = CudaExecutor(
+            seg.graph, device=self.device.index, bindings=bindings, settings=self.settings
+        )
+        self.executors.append(ex)
+        return ex
 
     def eval(self, inputs: Inputs, *, return_device: bool = False) -> list[Any]:
         with self._lock:
@@ -273,27 +273,20 @@ class HostDevicePreparedGraph(PreparedGraph):
 
     def __init__(self, graph: Graph, device: Device, batch_size: int | None) -> None:
         super().__init__(graph, device, batch_size)
-        from kn_cuda_eval.cpu.executor import HostPreparedGraph
-        from kn_cuda_eval.segments import SegmentedRunner
+        from kn_cuda_eval.cpu.executor import HostExecutor, HostPreparedGraph
+        from kn_cuda_eval.plan import plan
+        from kn_cuda_eval.segments import SegmentedRunner, per_binding
 
         self._lock = threading.RLock()
         self._whole = (
             None if graph.has_dynamic else HostPreparedGraph(graph, batch_size, device.threads)
         )
-        self._parts: dict[tuple[int, tuple[tuple[str, int], ...]], Any] = {}
-        self._runner = SegmentedRunner(self._run_segment)
-
-    def _run_segment(self, seg: Any, arrays: Any, bindings: Mapping[str, int]) -> list[Any]:
-        from kn_cuda_eval.cpu.executor import HostExecutor
-        from kn_cuda_eval.plan import plan
-
-        key = (seg.graph.id, tuple(sorted(bindings.items())))
-        ex = self._parts.get(key)
-        if ex is None:
-            ex = self._parts[key] = HostExecutor(
-                plan(seg.graph, bindings=dict(bindings)), self.device.threads
+        self._runner = SegmentedRunner(
+            per_binding(
+                lambda seg, b: HostExecutor(plan(seg.graph, bindings=b), device.threads),
+                lambda ex, arrays: ex.eval(list(arrays)),
             )
-        return ex.eval(list(arrays))  # type: ignore[no-any-return]
+        )
 
     def eval(self, inputs: Inputs) -> list[np.ndarray]:
         with self._lock:

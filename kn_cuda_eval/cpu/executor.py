@@ -33,13 +33,13 @@ import numpy as np
 from kn_cuda_eval import steps as st
 from kn_cuda_eval.cpu import build, csource
 from kn_cuda_eval.device.profile import Profile, ProfileRow
-from kn_cuda_eval.emulator import emulate_step, view_array
+from kn_cuda_eval.emulator import emulate_step, plan_inputs, view_array
 from kn_cuda_eval.plan import Plan
 from kn_cuda_eval.plan import plan as make_plan
 from kn_cuda_eval.planner import PlanSettings
-from kn_graph.cpu import bind_shapes, inputs_in_order
+from kn_graph.cpu import bind_shapes
 from kn_graph.dtype import DType
-from kn_graph.errors import EvaluationError, InputMismatchError, KnError
+from kn_graph.errors import EvaluationError, KnError
 from kn_graph.graph import Graph
 from kn_graph.shape import BATCH
 
@@ -202,19 +202,6 @@ def _matmul_numpy(arena: np.ndarray, s: st.MatMul) -> Callable[[], None] | None:
     return functools.partial(np.matmul, bt, at, out=c)
 
 
-def _check_inputs(plan: Plan, inputs: Inputs) -> list[np.ndarray]:
-    arrays = inputs_in_order(plan.input_names, inputs, "plan")
-    out = []
-    for name, v, a in zip(plan.input_names, plan.inputs, arrays, strict=True):
-        a = np.asarray(a)
-        if a.shape != v.shape or a.dtype != v.dtype.np:
-            raise InputMismatchError(
-                f"input '{name}': expected {v.dtype}{list(v.shape)}, found {a.dtype}{list(a.shape)}"
-            )
-        out.append(a)
-    return out
-
-
 class HostExecutor:
     """One plan on the host: the arena allocated and the constants loaded once, the fused steps
     compiled once (or taken from `library`), every step prebuilt as a call."""
@@ -335,7 +322,7 @@ class HostExecutor:
         return EvaluationError(f"step {k} ({s.describe()[:200]}): {type(e).__name__}: {e}")
 
     def _load(self, inputs: Inputs) -> None:
-        for view, a in zip(self._inputs, _check_inputs(self.plan, inputs), strict=True):
+        for view, a in zip(self._inputs, plan_inputs(self.plan, inputs), strict=True):
             if view.size:
                 np.copyto(view, a)
 

@@ -589,7 +589,6 @@ class Loader:
         finally:
             enc = self._outer.pop()
             self.graph, self.env = enc.graph, enc.env
-        body.equate = body.guard_equal
         body.where = ""
         return body, enc.captures
 
