@@ -57,6 +57,13 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument(
+        "--pause",
+        type=float,
+        default=0.05,
+        help="seconds before each timed call (default 0.05): onnxruntime's workers spin after "
+        "a run and take the cores of whatever runs next; 0 measures back to back",
+    )
     ap.add_argument("-k", dest="only", action="append", help="only these models (repeatable)")
     ap.add_argument("--no-rss", action="store_true", help="skip the RSS measurements")
     ap.add_argument("--export-only", metavar="NAME", help=argparse.SUPPRESS)
@@ -232,6 +239,7 @@ def time_model(name: str) -> dict:
     ts: dict[str, list[float]] = {k: [] for k in fs}
     for _ in range(ARGS.runs):
         for k, f in fs.items():
+            time.sleep(ARGS.pause)  # the other side's pool stops spinning
             t0 = time.perf_counter()
             f()
             ts[k].append(time.perf_counter() - t0)

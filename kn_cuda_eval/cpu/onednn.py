@@ -37,7 +37,7 @@ import sys
 from collections.abc import Callable, Sequence
 from ctypes import POINTER, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_uint, c_void_p
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -48,17 +48,23 @@ from kn_graph.errors import EvaluationError
 
 __all__ = [
     "PROTOTYPES",
+    "ROLES",
+    "ConvDesc",
     "DnnlLib",
+    "Layout",
     "OnednnError",
     "OnednnUnavailableError",
     "Runner",
+    "auto_layout",
     "available",
+    "conv_desc",
     "conv_runner",
     "gemm_runner",
     "load_dnnl",
 ]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 SONAME = "libdnnl.so.3"
 
@@ -79,6 +85,12 @@ _DATA_TYPES = {DType.F32: DT_F32, DType.F16: DT_F16}
 ENGINE_CPU = 1  # dnnl_engine_kind_t
 STREAM_IN_ORDER = 0x1  # dnnl_stream_flags_t
 FORMAT_TAG_ANY = 1  # dnnl_format_tag_t
+# activation layouts by tensor rank (dnnl_format_tag_t values, stable across oneDNN 3.x)
+_TAGS = {
+    "nhwc": {3: 15, 4: 22, 5: 33},  # dnnl_acb, dnnl_acdb, dnnl_acdeb: channels last
+    "c16": {3: 56, 4: 78, 5: 121},  # dnnl_aBc16b, dnnl_aBcd16b (nChw16c), dnnl_aBcde16b
+    "c8": {3: 69, 4: 102, 5: 142},  # dnnl_aBc8b, dnnl_aBcd8b (nChw8c), dnnl_aBcde8b
+}
 FORWARD_INFERENCE = 96  # dnnl_prop_kind_t
 CONVOLUTION_DIRECT = 0x1  # dnnl_alg_kind_t
 ELTWISE_RELU = 0x20
@@ -388,25 +400,25 @@ class _Owner:
 
     def md(self, dims: Sequence[int], dt: int, strides: Sequence[int] | None) -> int:
         """A memory descriptor: plain with explicit element strides, or `any` (strides None)."""
-        out = c_void_p()
         if strides is None:
-            self.lib.call(
-                "dnnl_memory_desc_create_with_tag",
-                ctypes.byref(out),
-                len(dims),
-                _dims(dims),
-                dt,
-                FORMAT_TAG_ANY,
-            )
-        else:
-            self.lib.call(
-                "dnnl_memory_desc_create_with_strides",
-                ctypes.byref(out),
-                len(dims),
-                _dims(dims),
-                dt,
-                _dims(strides),
-            )
+            return self.tag(dims, dt, FORMAT_TAG_ANY)
+        out = c_void_p()
+        self.lib.call(
+            "dnnl_memory_desc_create_with_strides",
+            ctypes.byref(out),
+            len(dims),
+            _dims(dims),
+            dt,
+            _dims(strides),
+        )
+        return self.own("dnnl_memory_desc_destroy", out)
+
+    def tag(self, dims: Sequence[int], dt: int, tag: int) -> int:
+        """A memory descriptor of format tag `tag` (`FORMAT_TAG_ANY`: the primitive chooses)."""
+        out = c_void_p()
+        self.lib.call(
+            "dnnl_memory_desc_create_with_tag", ctypes.byref(out), len(dims), _dims(dims), dt, tag
+        )
         return self.own("dnnl_memory_desc_destroy", out)
 
     def memory(self, md: int, handle: c_void_p | int) -> int:
@@ -561,6 +573,90 @@ def _threads(threads: int) -> int:
     return n if n > 0 else max(1, len(os.sched_getaffinity(0)))
 
 
+class Layout:
+    """An activation layout a convolution chose (oneDNN's memory descriptor, e.g. nChw16c), as
+    the executor's layout pass compares them: equal layouts (`dnnl_memory_desc_equal`) let one
+    convolution's output feed the next as stored, with no reorder. `blocked`: not the plain
+    NC(D)HW of the view; `dense`: exactly as many bytes as the plain tensor (no channel padding),
+    so it fits the arena region the planner gave the view."""
+
+    def __init__(self, lib: DnnlLib, md: int, plain_md: int, view: StridedView) -> None:
+        self._lib, self.md = lib, md
+        self.blocked = not lib.fns["dnnl_memory_desc_equal"](md, plain_md)
+        size = int(lib.fns["dnnl_memory_desc_get_size"](md))
+        self.dense = view.is_dense() and size == view.nbytes
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and bool(
+            self._lib.fns["dnnl_memory_desc_equal"](self.md, other.md)
+        )
+
+    def __hash__(self) -> int:  # equality is oneDNN's; all layouts share one bucket
+        return 0
+
+
+class ConvDesc:
+    """A convolution step's oneDNN primitive descriptor before its runner: `src` and `dst` are
+    the activation layouts it chose. `conv_desc` makes it, `conv_runner(desc=...)` consumes it
+    (and its oneDNN objects); `close()` frees an unused one."""
+
+    def __init__(
+        self, step: st.Conv, lib: DnnlLib, owner: _Owner, dt: int, layout: str, parts: Any
+    ) -> None:
+        self.step, self.lib, self.owner, self.dt, self.layout = step, lib, owner, dt, layout
+        self.pd, self.x_md, self.out_md, self.w_plain = parts
+        q = lib.fns["dnnl_primitive_desc_query_md"]
+        self.src_md = q(self.pd, QUERY_SRC_MD, 0)
+        self.w_md = q(self.pd, QUERY_WEIGHTS_MD, 0)
+        self.dst_md = q(self.pd, QUERY_DST_MD, 0)
+        self.src = Layout(lib, self.src_md, self.x_md, step.x)
+        self.dst = Layout(lib, self.dst_md, self.out_md, step.out)
+
+    def close(self) -> None:
+        self.owner.close()
+
+
+def _pointwise(s: st.Conv) -> bool:
+    return (
+        all(k == 1 for k in s.w.shape[2:])
+        and all(x == 1 for x in s.stride)
+        and s.groups == 1
+        and not any(s.padding)
+    )
+
+
+def auto_layout(step: st.Conv) -> str:
+    """The measured pick for a convolution whose activations are plain on both sides
+    (benchmarks/onednn_steps.py --layouts, 2 threads, AVX-512): "plain" for a pointwise
+    convolution without a residual (1x1, stride 1, no padding, one group) — oneDNN's
+    `gemm:jit` on NCHW is one GEMM per image there and beat the blocked path by 1.5-1.8x,
+    reorders included — and "blocked" for everything else: 3x3, strided, grouped and depthwise
+    convolutions (its brgemm kernels were 1.4-4x faster than plain), and pointwise ones with a
+    residual, where `gemm:jit` applies the `sum` post-op 5-14x slower than `brgconv_1x1`
+    (ResNet-50's 1x1 64→256 at 56²: 7.4 ms vs 1.4 ms)."""
+    return "plain" if _pointwise(step) and step.residual is None else "blocked"
+
+
+def conv_desc(step: st.Conv, threads: int, layout: str = "blocked") -> ConvDesc | None:
+    """The primitive descriptor of `step` ("blocked": oneDNN chooses the activation layouts;
+    "plain": the views' NC(D)HW), or None when oneDNN cannot run it exactly (F64, negative or
+    zero strides, empty tensors, an unimplemented case)."""
+    x, w, out = step.x, step.w, step.out
+    dt = _DATA_TYPES.get(out.dtype)
+    views = [v for v in (x, w, step.bias, step.residual, out) if v is not None]
+    if dt is None or any(v.dtype is not out.dtype or not _plain(v) for v in views):
+        return None
+    if layout not in ("blocked", "plain", *_TAGS):
+        raise ValueError(f"conv_desc: layout {layout!r} is not 'blocked', 'plain' or in {_TAGS}")
+    if layout in _TAGS and len(x.shape) not in _TAGS[layout]:
+        return None
+    _omp_set_num_threads()(_threads(threads))
+    return _build(step, lambda lib, o: _conv_desc(lib, o, step, dt, layout))
+
+
+ROLES = ("x", "residual", "out")  # the activations a convolution may read or write blocked
+
+
 def conv_runner(
     step: st.Conv,
     arena: np.ndarray,
@@ -568,69 +664,65 @@ def conv_runner(
     *,
     layout: str = "auto",
     constant_weights: bool = True,
+    desc: ConvDesc | None = None,
+    blocked: frozenset[str] = frozenset(),
 ) -> Runner | None:
     """A oneDNN convolution for `step` over `arena`, or None when oneDNN cannot run it exactly
-    (F64, negative or zero strides, empty tensors, an unimplemented case): then the caller runs
-    `emulate_step` for it.
+    (see `conv_desc`): then the caller runs `emulate_step` for it.
 
     out = relu?(conv(x, w) + bias + residual): bias is the convolution's bias argument, the
-    residual a `sum` post-op (it is first reordered into the destination), relu an `eltwise`
+    residual a `sum` post-op (it is first copied into the destination), relu an `eltwise`
     post-op. Groups make the weights 5-d/6-d [g, K/g, C/g, *k]; oneDNN's dilation is ours - 1.
     `constant_weights` (the default): the weights are read **once, here**, into oneDNN's
     preferred layout, as for plan constants — `arena` must then hold the constants already (as
     `load_arena` and the executor do); False reorders them at every run (weights computed by an
     earlier step).
-    `layout`: "blocked" lets oneDNN choose the activation layout: the input (and the residual)
-    are reordered into it and the result back, through buffers allocated here; "plain" runs on
-    the arena's NC(D)HW views directly. "auto" (the default) is the measured pick
-    (benchmarks/onednn_steps.py --layouts, 2 threads, AVX-512): plain for a pointwise
-    convolution (1x1, stride 1, no padding, one group) — oneDNN's `gemm:jit` on NCHW is one
-    GEMM per image there and beat the blocked path by 1.5-1.8x, reorders included — and blocked
-    for everything else (3x3, strided, grouped, depthwise: its brgemm kernels were 1.4-4x faster
-    than plain, within 0.9-1.3x of onnxruntime)."""
-    x, w, out = step.x, step.w, step.out
-    dt = _DATA_TYPES.get(out.dtype)
-    views = [v for v in (x, w, step.bias, step.residual, out) if v is not None]
-    if dt is None or any(v.dtype is not out.dtype or not _plain(v) for v in views):
-        return None
-    if layout == "auto":
-        pointwise = all(k == 1 for k in w.shape[2:]) and all(x == 1 for x in step.stride)
-        layout = "plain" if pointwise and step.groups == 1 and not any(step.padding) else "blocked"
-    if layout not in ("blocked", "plain"):
-        raise ValueError(f"conv_runner: layout {layout!r} is not 'auto', 'blocked' or 'plain'")
+    `layout`: "blocked" lets oneDNN choose the activation layouts, "plain" runs on the arena's
+    NC(D)HW views directly, "auto" (the default) is `auto_layout`'s measured pick. `desc`: a
+    descriptor from `conv_desc` to use (and own) instead of making one.
+    `blocked` (roles of `ROLES`, with a "blocked" descriptor): those activations are stored in
+    the arena in the descriptor's own layout (`desc.src` for x, `desc.dst` for the residual and
+    out) at the views' offsets — the executor's layout pass keeps a chain of convolutions in
+    oneDNN's layout that way. The others are plain views: x (and the residual) are reordered
+    into the chosen layout through buffers allocated here, and the result back."""
+    if desc is None:
+        lay = auto_layout(step) if layout == "auto" else layout
+        desc = conv_desc(step, threads, lay)
+        if desc is None:
+            return None
+    if not set(blocked) <= set(ROLES):
+        raise ValueError(f"conv_runner: blocked roles {sorted(blocked)} are not among {ROLES}")
+    if blocked and desc.layout == "plain":
+        raise ValueError("conv_runner: blocked activations need a descriptor that is not plain")
+    if "residual" in blocked and step.residual is None:
+        raise ValueError("conv_runner: a blocked residual on a convolution without one")
     n = _threads(threads)
-    return _build(step, lambda lib, o: _conv(lib, o, step, dt, arena, n, layout, constant_weights))
+    d = desc
+    return _build(
+        step, lambda lib, o: _conv_runner(d, arena, n, constant_weights, blocked), d.owner
+    )
 
 
-def _build(step: st.Step, build: Callable[[DnnlLib, _Owner], Runner | None]) -> Runner | None:
-    """`build` with a fresh owner of oneDNN objects (closed when it fails or declines); None
-    without oneDNN; a oneDNN error re-raised naming the step."""
+def _build(
+    step: st.Step, build: Callable[[DnnlLib, _Owner], _T | None], owner: _Owner | None = None
+) -> _T | None:
+    """`build` with a fresh owner of oneDNN objects (or `owner`), closed when it fails or
+    declines; None without oneDNN; a oneDNN error re-raised naming the step."""
     if available() is not None:
         return None
     lib = load_dnnl()
-    owner = _Owner(lib)
+    o = _Owner(lib) if owner is None else owner
     try:
-        return build(lib, owner)
+        return build(lib, o)
     except OnednnError as e:
-        owner.close()
+        o.close()
         raise e.at(step) from None
     except BaseException:
-        owner.close()
+        o.close()
         raise
 
 
-def _conv(
-    lib: DnnlLib,
-    o: _Owner,
-    s: st.Conv,
-    dt: int,
-    arena: np.ndarray,
-    threads: int,
-    layout: str,
-    constant_weights: bool,
-) -> Runner | None:
-    base = _base(arena)
-    _omp_set_num_threads()(threads)
+def _conv_desc(lib: DnnlLib, o: _Owner, s: st.Conv, dt: int, layout: str) -> ConvDesc | None:
     g = s.groups
     k_out = s.w.shape[0]
     ks = s.w.shape[2:]
@@ -649,9 +741,11 @@ def _conv(
     if s.relu:
         post.append(("dnnl_post_ops_append_eltwise", (ELTWISE_RELU, 0.0, 0.0)))
     attr = o.attr(post)
-    blocked = layout == "blocked"
-    src_q = o.md(s.x.shape, dt, None) if blocked else x_md
-    dst_q = o.md(s.out.shape, dt, None) if blocked else out_md
+    if layout == "plain":
+        src_q, dst_q = x_md, out_md
+    else:
+        tag = FORMAT_TAG_ANY if layout == "blocked" else _TAGS[layout][len(s.x.shape)]
+        src_q, dst_q = o.tag(s.x.shape, dt, tag), o.tag(s.out.shape, dt, tag)
     w_any = o.md(wdims, dt, None)
     spatial_in, spatial_out = s.x.shape[2:], s.out.shape[2:]
     pad_r = [
@@ -679,40 +773,57 @@ def _conv(
         log.debug("oneDNN has no convolution for %s", s.describe())
         o.close()
         return None
-    q = lib.fns["dnnl_primitive_desc_query_md"]
-    src_md, w_md, dst_md = (
-        q(pd, QUERY_SRC_MD, 0),
-        q(pd, QUERY_WEIGHTS_MD, 0),
-        q(pd, QUERY_DST_MD, 0),
-    )
-    conv, spad = o.primitive(pd)
+    if layout in _TAGS and impl_name(lib, pd).startswith("ref"):
+        log.debug("oneDNN has only its reference convolution in %s for %s", layout, s.describe())
+        o.close()  # a forced layout the fast kernels do not take: 100-1000x slower
+        return None
+    return ConvDesc(s, lib, o, dt, layout, (pd, x_md, out_md, w_plain))
+
+
+def _conv_runner(
+    d: ConvDesc, arena: np.ndarray, threads: int, constant_weights: bool, blocked: frozenset[str]
+) -> Runner:
+    """The runner of descriptor `d` (its objects move to the runner's owner)."""
+    lib, s, dt = d.lib, d.step, d.dt
+    o = d.owner
+    base = _base(arena)
+    _omp_set_num_threads()(threads)
+    conv, spad = o.primitive(d.pd)
+    x_md = d.src_md if "x" in blocked else d.x_md
+    out_md = d.dst_md if "out" in blocked else d.out_md
     x_mem = o.memory(x_md, base + s.x.offset)
     out_mem = o.memory(out_md, base + s.out.offset)
     views = [(x_mem, s.x.offset), (out_mem, s.out.offset)]
     # the weights into the layout the convolution chose: once, or at every run
-    w_mem = o.memory(w_md, MEMORY_ALLOCATE)
-    w_src = o.memory(w_plain, base + s.w.offset)
-    pack: _Call = (o.reorder(w_plain, w_md), _args([(ARG_FROM, w_src), (ARG_TO, w_mem)]))
+    w_mem = o.memory(d.w_md, MEMORY_ALLOCATE)
+    w_src = o.memory(d.w_plain, base + s.w.offset)
+    pack: _Call = (o.reorder(d.w_plain, d.w_md), _args([(ARG_FROM, w_src), (ARG_TO, w_mem)]))
     calls: list[_Call] = []
     if constant_weights:
         _run(lib, [pack], s)
     else:
         calls.append(pack)
         views.append((w_src, s.w.offset))
+    equal = lib.fns["dnnl_memory_desc_equal"]
     src_mem, dst_mem = x_mem, out_mem
-    if not lib.fns["dnnl_memory_desc_equal"](src_md, x_md):
-        src_mem = o.memory(src_md, MEMORY_ALLOCATE)
-        calls.append((o.reorder(x_md, src_md), _args([(ARG_FROM, x_mem), (ARG_TO, src_mem)])))
-    if not lib.fns["dnnl_memory_desc_equal"](dst_md, out_md):
-        dst_mem = o.memory(dst_md, MEMORY_ALLOCATE)
+    if not equal(d.src_md, x_md):
+        src_mem = o.memory(d.src_md, MEMORY_ALLOCATE)
+        calls.append((o.reorder(x_md, d.src_md), _args([(ARG_FROM, x_mem), (ARG_TO, src_mem)])))
+    if not equal(d.dst_md, out_md):
+        dst_mem = o.memory(d.dst_md, MEMORY_ALLOCATE)
     if s.residual is not None:
-        res_md = o.md(s.residual.shape, dt, _strides(s.residual.shape, s.residual.strides))
+        res_md = (
+            d.dst_md
+            if "residual" in blocked
+            else o.md(s.residual.shape, dt, _strides(s.residual.shape, s.residual.strides))
+        )
         res_mem = o.memory(res_md, base + s.residual.offset)
         views.append((res_mem, s.residual.offset))
-        fill = o.reorder(res_md, dst_md)
+        fill = o.reorder(res_md, d.dst_md)
         calls.append((fill, _args([(ARG_FROM, res_mem), (ARG_TO, dst_mem)])))
     bias_mem = None
-    if s.bias is not None and bias_md is not None:
+    if s.bias is not None:
+        bias_md = o.md(s.bias.shape, dt, _strides(s.bias.shape, [1]))
         bias_mem = o.memory(bias_md, base + s.bias.offset)
         views.append((bias_mem, s.bias.offset))
     conv_args = [
@@ -724,8 +835,9 @@ def _conv(
     ]
     calls.append((conv, _args(conv_args)))
     if dst_mem != out_mem:
-        calls.append((o.reorder(dst_md, out_md), _args([(ARG_FROM, dst_mem), (ARG_TO, out_mem)])))
-    return Runner(s, arena, o, calls, views, threads, impl_name(lib, pd))
+        back = o.reorder(d.dst_md, out_md)
+        calls.append((back, _args([(ARG_FROM, dst_mem), (ARG_TO, out_mem)])))
+    return Runner(s, arena, o, calls, views, threads, impl_name(lib, d.pd))
 
 
 def _run(lib: DnnlLib, calls: list[_Call], step: st.Step) -> None:

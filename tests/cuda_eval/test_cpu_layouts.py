@@ -1,0 +1,243 @@
+"""The host executor's layout pass (`kn_cuda_eval.cpu.layouts`): which convolution activations
+stay in oneDNN's layout between steps.
+
+Two halves. The pass itself on real plans with stand-in layouts (no oneDNN needed): chains
+through convolutions, flat elementwise steps and in-place residuals are kept blocked; anything
+read another way (a reduce, a slice, a broadcast operand, a plan output), a layout that differs
+or pads, stays plain. Then the executor with oneDNN's real choices on graphs built to stress it,
+against the reference executor; where oneDNN is missing, the same graphs check the fallback."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from kn_cuda_eval import plan
+from kn_cuda_eval import steps as st
+from kn_cuda_eval.cpu import layouts, onednn
+from kn_cuda_eval.cpu.executor import HostExecutor
+from kn_graph import DType, Graph, ReduceOp, UnaryOp
+from kn_graph.cpu import evaluate
+from kn_graph.ops import BinaryOp
+from tests.cuda_eval.helpers import assert_close
+
+HAVE = onednn.available() is None
+RNG = np.random.default_rng(7)
+
+
+@dataclass(frozen=True)
+class FakeLayout:
+    shape: tuple[int, ...]
+    tag: str = "nhwc"
+    blocked: bool = True
+    dense: bool = True
+
+
+@dataclass(frozen=True)
+class FakeFormats:
+    src: FakeLayout
+    dst: FakeLayout
+
+
+def _w(k: int, c: int, *ks: int) -> np.ndarray:
+    return (RNG.standard_normal((k, c, *ks)) * 0.3).astype(np.float32)
+
+
+def _formats(p: object, **override: FakeFormats) -> dict[int, FakeFormats]:
+    steps = p.steps  # type: ignore[attr-defined]
+    out: dict[int, FakeFormats] = {}
+    for i, k in enumerate(_convs(p)):
+        s = steps[k]
+        out[k] = override.get(f"c{i}", FakeFormats(FakeLayout(s.x.shape), FakeLayout(s.out.shape)))
+    return out
+
+
+def _convs(p: object) -> list[int]:
+    return [k for k, s in enumerate(p.steps) if isinstance(s, st.Conv)]  # type: ignore[attr-defined]
+
+
+def _chain(tail: str = "mean", c: int = 8) -> Graph:
+    """x → conv0+relu → silu → conv1 → conv2 (+ conv1's output, relu) → tail."""
+    g = Graph()
+    x = g.input((1, c, 10, 10), DType.F32, "x")
+    a = g.relu(g.conv(x, g.constant(_w(c, c, 3, 3)), padding=(1, 1)))
+    a = g.silu(a)
+    b = g.conv(a, g.constant(_w(c, c, 1, 1)))
+    y = g.conv(b, g.constant(_w(c, c, 3, 3)), padding=(1, 1))
+    y = g.relu(g.binary(BinaryOp.ADD, y, b))
+    if tail == "mean":
+        g.add_output(g.reduce(y, [2, 3], ReduceOp.MEAN), "y")
+    else:
+        g.add_output(y, "y")
+    return g
+
+
+def test_a_chain_of_convolutions_stays_blocked_until_a_reduce_reads_it() -> None:
+    p = plan(_chain())
+    c0, c1, c2 = _convs(p)
+    roles = layouts.blocked_roles(p.steps, p.outputs, _formats(p))
+    assert roles[c0] == {"out"}  # read by the flat SiLU, whose result conv1 reads
+    assert roles[c1] == {"x", "out"}  # read by conv2 as input and as residual
+    assert "x" in roles[c2] and "residual" in roles[c2]
+    assert "out" not in roles[c2]  # the reduce reads it plain
+
+
+def test_a_plan_output_stays_plain() -> None:
+    p = plan(_chain(tail="output"))
+    c2 = _convs(p)[-1]
+    roles = layouts.blocked_roles(p.steps, p.outputs, _formats(p))
+    assert "out" not in roles.get(c2, set())
+
+
+def test_a_different_or_padded_layout_breaks_the_chain() -> None:
+    p = plan(_chain())
+    c0, c1, _ = _convs(p)
+    s1 = p.steps[c1]
+    other = FakeFormats(FakeLayout(s1.x.shape, tag="nChw16c"), FakeLayout(s1.out.shape))
+    roles = layouts.blocked_roles(p.steps, p.outputs, _formats(p, c1=other))
+    assert c0 not in roles and "x" not in roles.get(c1, set())
+    s0 = p.steps[c0]
+    padded = FakeFormats(FakeLayout(s0.x.shape), FakeLayout(s0.out.shape, dense=False))
+    roles = layouts.blocked_roles(p.steps, p.outputs, _formats(p, c0=padded))
+    assert c0 not in roles
+    plain = FakeFormats(FakeLayout(s0.x.shape), FakeLayout(s0.out.shape, blocked=False))
+    assert c0 not in layouts.blocked_roles(p.steps, p.outputs, _formats(p, c0=plain))
+
+
+def test_a_convolution_oneDNN_does_not_run_breaks_the_chain() -> None:
+    p = plan(_chain())
+    c0, c1, _ = _convs(p)
+    fm = _formats(p)
+    del fm[c1]  # e.g. an F64 or unimplemented convolution: the emulator's step reads it plain
+    roles = layouts.blocked_roles(p.steps, p.outputs, fm)
+    assert c0 not in roles and c1 not in roles
+
+
+def _branchy(kind: str) -> Graph:
+    g = Graph()
+    x = g.input((1, 8, 6, 6), DType.F32, "x")
+    a = g.conv(x, g.constant(_w(8, 8, 3, 3)), padding=(1, 1))
+    if kind == "slice":  # a channel slice of the result feeds the next convolution
+        b = g.conv(g.slice(a, 1, 0, 4), g.constant(_w(8, 4, 1, 1)))
+    elif kind == "broadcast":  # a per-channel scale: not a flat step
+        s = g.constant((RNG.standard_normal((1, 8, 1, 1))).astype(np.float32))
+        b = g.conv(g.binary(BinaryOp.MUL, a, s), g.constant(_w(8, 8, 1, 1)))
+    elif kind == "input":  # a flat step with a plan input as the other operand
+        b = g.conv(g.binary(BinaryOp.MUL, a, x), g.constant(_w(8, 8, 1, 1)))
+    else:
+        raise AssertionError(kind)
+    g.add_output(g.reduce(b, [2, 3], ReduceOp.MAX), "y")
+    return g
+
+
+@pytest.mark.parametrize("kind", ["slice", "broadcast", "input"])
+def test_a_tensor_read_another_way_stays_plain(kind: str) -> None:
+    p = plan(_branchy(kind))
+    c0 = _convs(p)[0]
+    roles = layouts.blocked_roles(p.steps, p.outputs, _formats(p))
+    assert c0 not in roles, [s.describe() for s in p.steps]
+
+
+def test_flat_steps_are_single_axis_one_dtype_without_indices() -> None:
+    p = plan(_chain())
+    flat = [s for s in p.steps if layouts.is_flat(s)]
+    assert flat and all(isinstance(s, st.Elementwise) and len(s.shape) == 1 for s in flat)
+    p = plan(_branchy("broadcast"))
+    muls = [s for s in p.steps if isinstance(s, st.Elementwise)]
+    assert muls and not any(layouts.is_flat(s) for s in muls)
+
+
+# -- the executor with oneDNN's own layouts ----------------------------------------------------
+
+
+def _graph(case: str) -> tuple[Graph, list[np.ndarray]]:
+    if case == "chain 8 channels":
+        g = _chain()
+        shape: tuple[int, ...] = (1, 8, 10, 10)
+    elif case == "chain 24 channels (nChw16c would pad)":
+        g = _chain(c=24)
+        shape = (1, 24, 10, 10)
+    elif case == "chain to a plan output":
+        g = _chain(tail="output")
+        shape = (1, 8, 10, 10)
+    elif case in ("1-d", "3-d"):
+        nd = 1 if case == "1-d" else 3
+        sp = (9,) if nd == 1 else (5, 4, 6)
+        g = Graph()
+        x = g.input((2, 6, *sp), DType.F32, "x")
+        a = g.relu(g.conv(x, g.constant(_w(16, 6, *(3,) * nd)), padding=(1,) * nd))
+        b = g.conv(a, g.constant(_w(16, 16, *(1,) * nd)))
+        y = g.relu(g.binary(BinaryOp.ADD, b, a))
+        y = g.conv(y, g.constant(_w(4, 16, *(3,) * nd)), padding=(1,) * nd, stride=(2,) * nd)
+        g.add_output(y, "y")
+        shape = (2, 6, *sp)
+    elif case == "depthwise and clip between":
+        g = Graph()
+        x = g.input((1, 24, 12, 12), DType.F32, "x")
+        a = g.conv(x, g.constant(_w(48, 24, 1, 1)))
+        a = g.minimum(g.relu(a), 6.0)  # ReLU6
+        d = g.conv(a, g.constant(_w(48, 1, 3, 3)), padding=(1, 1), groups=48)
+        d = g.unary(UnaryOp.SIGMOID, d)
+        y = g.conv(d, g.constant(_w(24, 48, 1, 1)))
+        g.add_output(g.binary(BinaryOp.ADD, y, x), "y")
+        shape = (1, 24, 12, 12)
+    elif case == "branchy":
+        g = _branchy("slice")
+        shape = (1, 8, 6, 6)
+    else:
+        raise AssertionError(case)
+    return g, [RNG.standard_normal(shape).astype(np.float32)]
+
+
+CASES = [
+    "chain 8 channels",
+    "chain 24 channels (nChw16c would pad)",
+    "chain to a plan output",
+    "1-d",
+    "3-d",
+    "depthwise and clip between",
+    "branchy",
+]
+
+
+@pytest.mark.parametrize("optimized", [False, True], ids=["unoptimized", "optimized"])
+@pytest.mark.parametrize("case", CASES)
+def test_blocked_chains_match_the_reference(case: str, optimized: bool) -> None:
+    from kn_graph.optimizer import optimize
+
+    g, feed = _graph(case)
+    if optimized:
+        g = optimize(g)
+    ex = HostExecutor(plan(g), threads=2)
+    for got, ref in zip(ex.eval(feed), evaluate(g, feed), strict=True):
+        assert_close(got, ref, case)
+    if case == "branchy":
+        return
+    # the pass found a chain wherever oneDNN runs the convolutions
+    assert bool(ex.blocked) == HAVE, (case, ex.blocked)
+    if HAVE:
+        assert any("blocked" in n for n in ex.names), ex.names
+
+
+def test_resnet_fixture_runs_every_block_in_oneDNN_layout() -> None:
+    from tests.cuda_eval.corpus import cases
+
+    for graph, feed, binds in cases("resnet18_ts"):
+        ex = HostExecutor(plan(graph, bindings=binds), threads=2)
+        for got, ref in zip(ex.eval(feed), evaluate(graph, feed), strict=True):
+            assert_close(got, ref, f"resnet18_ts {binds}")
+        if not HAVE:
+            assert not ex.blocked
+            continue
+        steps = ex.plan.steps
+        convs = [k for k, s in enumerate(steps) if isinstance(s, st.Conv)]
+        # every convolution reads its input blocked but the stem and the first after the max
+        # pool (the pool reads and writes plain views), and all but the last write blocked
+        assert all("x" in ex.blocked.get(k, ()) for k in convs[2:]), ex.blocked
+        assert all("out" in ex.blocked.get(k, ()) for k in convs[1:-1]), ex.blocked
+        # every residual is read blocked but the first block's (the pool's output)
+        residuals = [k for k in convs if steps[k].residual is not None]
+        assert len(residuals) > 2 and "residual" not in ex.blocked[residuals[0]]
+        assert all("residual" in ex.blocked[k] for k in residuals[1:]), ex.blocked
