@@ -88,6 +88,13 @@ def inputs_in_order(names: Sequence[str], inputs: Any, what: str = "graph") -> l
     return arrays
 
 
+def _as_array(name: str, a: Any) -> np.ndarray:
+    try:
+        return np.asarray(a)
+    except (ValueError, TypeError) as e:  # a ragged nested list, an object NumPy refuses
+        raise InputMismatchError(f"input '{name}': not an array ({e})") from None
+
+
 def bind_inputs(
     graph: Graph,
     inputs: Inputs,
@@ -99,10 +106,7 @@ def bind_inputs(
     arrays = inputs_in_order(names, inputs)
     out: list[np.ndarray] = []
     for name, v, a in zip(names, graph.inputs, arrays, strict=True):
-        try:
-            a = np.asarray(a)
-        except (ValueError, TypeError) as e:  # a ragged nested list, an object NumPy refuses
-            raise InputMismatchError(f"input '{name}': not an array ({e})") from None
+        a = _as_array(name, a)
         want = graph[v].dtype
         if a.dtype != want.np:
             raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
@@ -155,7 +159,7 @@ def bind_shapes(
     shapes = []
     for name, v, a in zip(names, graph.inputs, arrays, strict=True):
         if not (hasattr(a, "shape") and hasattr(a, "dtype")):
-            a = np.asarray(a)
+            a = _as_array(name, a)
         want = graph[v].dtype
         if _np_dtype(a.dtype) != want.np:
             raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")

@@ -135,10 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--device",
         default="best",
-        choices=["cpu", "cpu-fast", "cuda", "best"],
-        help="cpu: the NumPy reference executor; cpu-fast: the plan on the host (C, oneDNN)",
+        choices=["cpu", "cpu-reference", "cpu-fast", "cuda", "best"],
+        help="cpu (the default of best without a GPU): the plan on the host (compiled C, "
+        "oneDNN); cpu-reference: the NumPy reference executor; cpu-fast: the same as cpu",
     )
-    ap.add_argument("--threads", type=int, help="intra-op threads of --device cpu-fast")
+    ap.add_argument("--threads", type=int, help="intra-op threads of --device cpu")
     ap.add_argument("--bench", action="store_true", help="time repeated evaluations")
     ap.add_argument("--runs", default="10", help="evaluations for --bench")
     ap.add_argument("--no-optimize", action="store_true", help="run the graph as loaded")
@@ -199,8 +200,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise CliError(f"--threads: expected >= 1, found {args.threads}")
     devices = {
-        "cpu": Device.cpu,
-        "cpu-fast": lambda: Device.cpu(fast=True, threads=args.threads),
+        "cpu": lambda: Device.cpu(args.threads),
+        "cpu-reference": lambda: Device.cpu(reference=True),
+        "cpu-fast": lambda: Device.cpu(args.threads),
         "cuda": Device.cuda,
         "best": Device.best,
     }
@@ -271,13 +273,13 @@ def _run(args: argparse.Namespace) -> int:
             times.append(time.perf_counter() - t0)
     print(f"time per evaluation: {statistics.median(times) * 1e3:.2f} ms (median of {len(times)})")
     if (device.kind != "cpu" or device.fast) and not args.no_check:
-        ref = Device.cpu().prepare(graph).eval(inputs)
+        ref = Device.cpu(reference=True).prepare(graph).eval(inputs)
         print(f"difference from the CPU executor: {_difference(outputs, ref)}")
     if args.profile:
         if device.kind == "cpu" and not device.fast:
             print(
-                "kn-run: --profile times device steps; the CPU executor has none (use --device "
-                "cpu-fast or cuda)",
+                "kn-run: --profile times device steps; the reference executor has none (use "
+                "--device cpu or cuda)",
                 file=sys.stderr,
             )
         else:

@@ -36,27 +36,34 @@ Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
 
 @dataclass(frozen=True, slots=True)
 class Device:
-    """A place to run graphs: `Device.cpu()`, `Device.cuda(i)` or `Device.best()`."""
+    """A place to run graphs: `Device.cpu()` (`reference=True`: the NumPy reference executor),
+    `Device.cuda(i)` or `Device.best()`."""
 
     kind: str  # "cpu" | "cuda"
     index: int = 0
-    fast: bool = False
+    fast: bool = True
     """CPU only: run the planner's plan on the host (fused steps compiled as C, convolutions and
     GEMMs through oneDNN: `kn_cuda_eval.cpu`) instead of the NumPy reference executor."""
     threads: int | None = None
     """Intra-op threads of the fast CPU backend (None: the cores the process may use)."""
 
     @staticmethod
-    def cpu(fast: bool = False, threads: int | None = None) -> Device:
-        """The CPU: the NumPy reference executor (the oracle of every test), or with `fast=True`
-        the host plan executor (issue 10: it becomes the default once it is measured ahead of
-        onnxruntime; today it is 5x faster than the reference and 1.85x onnxruntime on the tiny
-        corpus, see benchmarks/RESULTS.md)."""
+    def cpu(
+        threads: int | None = None, *, reference: bool = False, fast: bool | None = None
+    ) -> Device:
+        """The CPU. By default the fast backend: the planner's plan run on the host (fused steps
+        compiled as C, convolutions and GEMMs through oneDNN, `kn_cuda_eval.cpu`), with
+        `threads` intra-op threads (None: the cores this process may use).
+        `reference=True`: the NumPy reference executor (`kn_graph.cpu.evaluate`), the oracle of
+        every test — simple, slow, single-threaded in Python. `fast=True/False` is the older
+        spelling of the same choice (`fast=False` is `reference=True`)."""
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
             raise ArgumentTypeError(f"Device.cpu: threads must be an int, found {threads!r}")
         if threads is not None and threads < 1:
             raise ArgumentValueError(f"Device.cpu: threads must be >= 1, found {threads}")
-        return Device("cpu", 0, bool(fast), threads)
+        if fast and reference:
+            raise ArgumentValueError("Device.cpu: fast=True and reference=True contradict")
+        return Device("cpu", 0, not reference if fast is None else bool(fast), threads)
 
     @staticmethod
     def cuda(index: int = 0) -> Device:
@@ -115,7 +122,7 @@ class Device:
 
     def __str__(self) -> str:
         if self.kind == "cpu":
-            return "cpu (plan on the host)" if self.fast else "cpu"
+            return "cpu (plan on the host)" if self.fast else "cpu (reference executor)"
         return f"cuda:{self.index}"
 
 
@@ -168,7 +175,10 @@ class PreparedGraph:
 
     def profile(self, inputs: Inputs) -> Any:
         """Per-step device times of one evaluation (`kn_cuda_eval.device.Profile`); CUDA only."""
-        raise KnError(f"profiling times device steps; {self.device} has none (use a CUDA device)")
+        raise KnError(
+            f"profiling times device steps; {self.device} has none (use Device.cpu() or a CUDA "
+            "device)"
+        )
 
     def check_inputs(self, inputs: Inputs) -> dict[str, int]:
         """The symbol bindings the inputs imply (raises on any mismatch)."""

@@ -1,6 +1,7 @@
-"""`Device.cpu(fast=True)`: the planner's plan run on the host (kn_cuda_eval.cpu), through the
-public API, against the reference executor — plain fixtures, data-dependent ones (segments),
-two bindings each — plus its arguments and kn-run's `--device cpu-fast`."""
+"""`Device.cpu()`: the planner's plan run on the host (kn_cuda_eval.cpu), through the public
+API, against the reference executor `Device.cpu(reference=True)` — plain fixtures,
+data-dependent ones (segments), two bindings each — plus its arguments and kn-run's
+`--device cpu` / `cpu-reference`."""
 
 from __future__ import annotations
 
@@ -21,24 +22,30 @@ def test_fast_cpu_matches_the_reference(name: str) -> None:
     prepared: dict[int, HostDevicePreparedGraph] = {}
     for graph, feed, _ in cases(name):
         g = optimize(graph)
-        p = prepared.setdefault(id(g), Device.cpu(fast=True, threads=2).prepare(g))
+        p = prepared.setdefault(id(g), Device.cpu(threads=2).prepare(g))
         assert isinstance(p, HostDevicePreparedGraph)
-        want = Device.cpu().prepare(graph).eval(feed)
+        want = Device.cpu(reference=True).prepare(graph).eval(feed)
         for k, (a, b) in enumerate(zip(p.eval(feed), want, strict=True)):
             assert_close(a, b, f"{name} output {k}")
 
 
 def test_fast_cpu_arguments() -> None:
-    assert Device.cpu() == Device("cpu") and not Device.cpu().fast
-    assert str(Device.cpu(fast=True)) == "cpu (plan on the host)"
+    assert Device.cpu() == Device("cpu") == Device.cpu(fast=True) and Device.cpu().fast
+    assert Device.cpu(reference=True) == Device.cpu(fast=False) and not Device.cpu(fast=False).fast
+    assert Device.best() == Device.cpu()  # no GPU in CI
+    assert str(Device.cpu()) == "cpu (plan on the host)"
+    assert str(Device.cpu(reference=True)) == "cpu (reference executor)"
+    assert isinstance(Device.cpu().prepare(cases("gpt2_ts")[0][0]), HostDevicePreparedGraph)
     with pytest.raises(ArgumentTypeError, match="threads must be an int"):
-        Device.cpu(fast=True, threads="2")  # type: ignore[arg-type]
+        Device.cpu(threads="2")  # type: ignore[arg-type]
     with pytest.raises(ArgumentValueError, match="threads must be >= 1"):
-        Device.cpu(fast=True, threads=0)
+        Device.cpu(0)
+    with pytest.raises(ArgumentValueError, match="contradict"):
+        Device.cpu(fast=True, reference=True)
 
 
 def test_kn_run_on_the_fast_cpu(capsys: pytest.CaptureFixture[str]) -> None:
-    assert kn_run(["--device", "cpu-fast", "--threads", "1", "--profile"]) == 0
+    assert kn_run(["--device", "cpu", "--threads", "1", "--profile"]) == 0
     out = capsys.readouterr().out
     assert "device: cpu (plan on the host)" in out
     assert "difference from the CPU executor: max |d| / max |ref| =" in out

@@ -138,6 +138,9 @@ def test_no_extras_and_no_examples_package(fresh: FreshInstall) -> None:
 def test_kn_run_embedded_model(fresh: FreshInstall) -> None:
     out = must_run([fresh.bin / "kn-run"], fresh.home)
     assert "resnet_tiny.onnx" in out and "output logits" in out
+    # the CPU backend (compiled C from the wheel's prelude, oneDNN from the base dependencies)
+    assert "device: cpu (plan on the host)" in out
+    assert float(out.split("max |d| / max |ref| = ")[1].split()[0]) < 1e-4
 
 
 def test_kn_svg_help(fresh: FreshInstall) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import mmap
 import os
 import threading
 import time
@@ -31,15 +32,16 @@ from typing import Any
 import numpy as np
 
 from kn_cuda_eval import steps as st
-from kn_cuda_eval.cpu import build, csource, layouts
+from kn_cuda_eval.cpu import build, csource, fuse, layouts
 from kn_cuda_eval.device.profile import Profile, ProfileRow
 from kn_cuda_eval.emulator import emulate_step, plan_inputs, view_array
 from kn_cuda_eval.plan import Plan
 from kn_cuda_eval.plan import plan as make_plan
 from kn_cuda_eval.planner import PlanSettings
+from kn_cuda_eval.view import StridedView
 from kn_graph.cpu import bind_shapes
 from kn_graph.dtype import DType
-from kn_graph.errors import EvaluationError, KnError
+from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
 from kn_graph.graph import Graph
 from kn_graph.shape import BATCH
 
@@ -48,7 +50,6 @@ __all__ = ["HostExecutor", "HostLibrary", "HostPreparedGraph", "default_threads"
 log = logging.getLogger(__name__)
 
 Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
-_ALIGN = 64
 # The layout chains of convolutions keep between them (`layouts`): channels last. It is dense
 # for every channel count (nChw16c pads 24 channels to 32, which no longer fits the planner's
 # region), a plain permutation of the logical tensor, and measured as fast: the conv primitives
@@ -184,10 +185,79 @@ class _Segment:
     run: Callable[[], int]  # 0, or (index within the segment + 1) of a failed C step
 
 
-def _aligned(n: int) -> np.ndarray:
-    raw = np.empty(max(n, 1) + _ALIGN, np.uint8)
-    skip = (-raw.ctypes.data) % _ALIGN
-    return raw[skip : skip + max(n, 1)]
+def _arena(n: int) -> tuple[np.ndarray, mmap.mmap]:
+    """A page-aligned arena of its own mapping (anonymous, private), so that `_Release` can
+    hand pages back to the system."""
+    mm = mmap.mmap(-1, max(n, 1))
+    return np.frombuffer(mm, np.uint8), mm
+
+
+def _packed_operand(s: st.Step) -> StridedView | None:
+    """The operand a oneDNN runner packs once when it is a constant: a conv's weights, a GEMM's
+    `a` (the graph's right operand)."""
+    if isinstance(s, st.Conv):
+        return s.w
+    if isinstance(s, st.MatMul):
+        return s.a
+    return None
+
+
+class _Release:
+    """Constant pages no step reads once oneDNN has packed them (`madvise(MADV_DONTNEED)`): the
+    weights would otherwise be held twice, in the arena and packed. A range goes back when every
+    step reading it has been built and each packed it; pages any other step reads (a bias, a
+    gather of tied embeddings, a fallback step) stay."""
+
+    def __init__(self, plan: Plan, mm: mmap.mmap) -> None:
+        self._mm = mm
+        const = plan.const_size
+        self.cands: dict[int, tuple[int, int]] = {}
+        keep: list[tuple[int, int]] = []
+        for k, s in enumerate(plan.steps):
+            packed = _packed_operand(s)
+            for r in s.reads():
+                lo, hi = r.byte_extent()
+                if lo >= const or lo == hi:
+                    continue
+                if r is packed and hi <= const:
+                    self.cands[k] = (lo, hi)
+                else:
+                    keep.append((lo, hi))
+        self._keep = keep
+        self._packed: dict[int, bool] = {}
+        ks = sorted(self.cands)
+        # the last candidate step whose range overlaps each one's: when it is built, decide
+        self._last = {k: max(j for j in ks if _overlap(self.cands[j], self.cands[k])) for k in ks}
+        self.released = 0  # bytes handed back
+
+    def built(self, k: int, packed: bool) -> None:
+        if k not in self.cands:
+            return
+        self._packed[k] = packed
+        for i, last in self._last.items():
+            if last != k:
+                continue
+            group = [j for j in self.cands if _overlap(self.cands[j], self.cands[i])]
+            if all(self._packed.get(j, False) for j in group):
+                self._drop(*self.cands[i])
+
+    def _drop(self, lo: int, hi: int) -> None:
+        page = mmap.PAGESIZE
+        parts = [(-(-lo // page) * page, hi // page * page)]
+        for klo, khi in self._keep:  # whole pages of kept bytes stay
+            klo, khi = klo // page * page, -(-khi // page) * page
+            parts = [
+                q for a, b in parts for q in ((a, min(b, klo)), (max(a, khi), b)) if q[0] < q[1]
+            ]
+        for a, b in parts:
+            if a >= b:
+                continue
+            self._mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+            self.released += b - a
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def _matmul_numpy(arena: np.ndarray, s: st.MatMul) -> Callable[[], None] | None:
@@ -219,7 +289,7 @@ class HostExecutor:
         _passive_openmp()
         self.plan = plan
         self.threads = default_threads() if threads is None else max(1, int(threads))
-        self.arena = _aligned(plan.arena_size)
+        self.arena, self._mm = _arena(plan.arena_size)
         self.arena.fill(0xFF)  # unwritten memory reads as NaN, as in the emulator
         for off, data in plan.constants:
             raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
@@ -238,9 +308,25 @@ class HostExecutor:
         self.names: list[str] = []
         self._host: list[Callable[[], None] | None] = []
         dnn = _onednn() if any(isinstance(s, st.Conv | st.MatMul) for s in plan.steps) else None
+        # the steps as run: activations folded into the convolution before them (`fuse`)
+        self.steps: list[st.Step | fuse.Folded] = list(plan.steps)
+        self._posts: dict[int, tuple[fuse.PostOp, ...]] = {}
+        if dnn is not None:
+            convs = [k for k, s in enumerate(plan.steps) if isinstance(s, st.Conv)]
+            self.steps, self._posts = fuse.fold_activations(plan.steps, plan.outputs, convs)
         self.blocked = self._layouts(dnn)
-        for k, (s, c) in enumerate(zip(plan.steps, self.calls, strict=True)):
-            fn, name = self._library_step(k, s, dnn)
+        self._packs: set[int] = set()  # steps whose constant operand oneDNN packed
+        self._release = _Release(plan, self._mm)
+        for k in range(len(plan.steps)):
+            if isinstance(self.steps[k], fuse.Folded):
+                self.calls[k] = None
+            fn, name = self._library_step(k, self.steps[k], dnn)
+            if fn is None and k in self._posts:  # oneDNN declined it: run both steps as planned
+                del self._posts[k]
+                self.steps[k : k + 2] = plan.steps[k : k + 2]
+                fn, name = self._library_step(k, self.steps[k], dnn)
+            self._release.built(k, k in self._packs)
+            s, c = self.steps[k], self.calls[k]
             if c is not None and library is not None:
                 self.names.append(c.kernel.name)
                 self._host.append(None)
@@ -259,18 +345,20 @@ class HostExecutor:
         self._descs: dict[int, Any] = {}
         if dnn is None:
             return {}
-        for k, s in enumerate(self.plan.steps):
+        for k, s in enumerate(self.steps):
             if isinstance(s, st.Conv):
-                d = dnn.conv_desc(s, self.threads, CHAIN_LAYOUT)
+                d = dnn.conv_desc(s, self.threads, CHAIN_LAYOUT, self._posts.get(k, ()))
                 if d is not None:
                     self._descs[k] = d
-        roles = layouts.blocked_roles(self.plan.steps, self.plan.outputs, self._descs)
+        roles = layouts.blocked_roles(self.steps, self.plan.outputs, self._descs)
         for k in [k for k in self._descs if k not in roles]:
             self._descs.pop(k).close()  # made again with the measured plain/blocked pick
         return roles
 
     def _library_step(self, k: int, s: st.Step, dnn: Any) -> tuple[Callable[[], None] | None, str]:
         match s:
+            case fuse.Folded():
+                return (lambda: None), f"folded into step {s.into}"
             case st.Conv():
                 if dnn is None:
                     return None, ""
@@ -283,9 +371,13 @@ class HostExecutor:
                     constant_weights=const_w,
                     desc=self._descs.pop(k, None),
                     blocked=roles,
+                    post=self._posts.get(k, ()),
                 )
+                if fn is not None and const_w:
+                    self._packs.add(k)
                 blocked = f" ({','.join(r for r in dnn.ROLES if r in roles)} blocked)"
-                return fn, "onednn conv" + (blocked if roles else "")
+                folded = " +act" if k in self._posts else ""
+                return fn, "onednn conv" + folded + (blocked if roles else "")
             case st.MatMul():
                 # the graph's right operand (`a` in cuBLAS terms) packed once when constant
                 packed = s.a.byte_extent()[1] <= self.plan.const_size
@@ -295,6 +387,8 @@ class HostExecutor:
                     else None
                 )
                 if fn is not None:
+                    if packed and isinstance(fn, dnn.Runner):
+                        self._packs.add(k)
                     return fn, "onednn/blas gemm"
                 return _matmul_numpy(self.arena, s), "numpy matmul"
             case _:
@@ -320,7 +414,7 @@ class HostExecutor:
 
     def _segments(self) -> list[_Segment]:
         out: list[_Segment] = []
-        n = len(self.plan.steps)
+        n = len(self.steps)
         k = 0
         while k < n:
             host = self._host[k]
@@ -340,7 +434,7 @@ class HostExecutor:
 
     # -- running -------------------------------------------------------------------------------
     def _fail(self, k: int, e: BaseException | None = None) -> EvaluationError:
-        s = self.plan.steps[k]
+        s = self.steps[k]
         if e is None:
             assert isinstance(s, st.Gather)
             n = s.x.shape[s.axis]
@@ -384,7 +478,7 @@ class HostExecutor:
             self._load(inputs)
             if self.library is not None:
                 self.library.set_threads(self.threads)
-            for k, s in enumerate(self.plan.steps):
+            for k, s in enumerate(self.steps):
                 host, c = self._host[k], self.calls[k]
                 t0 = time.perf_counter()
                 try:
@@ -420,6 +514,19 @@ def _returns_zero(f: Callable[[], object]) -> Callable[[], int]:
     return run
 
 
+def _check_bound(graph: Graph, bindings: Mapping[str, int]) -> None:
+    """A size symbol no input binds is the reference executor's error, naming the first value
+    that needs it (not a PlanError from deep inside the planner)."""
+    for v in graph.values():
+        for d in graph[v].shape.dims:
+            free = sorted(d.symbols - bindings.keys()) if hasattr(d, "symbols") else []
+            if free:
+                raise ShapeMismatchError(
+                    f"while computing {graph.format_value(v)}: no value for size symbol "
+                    f"'{free[0]}' (in size {d})"
+                )
+
+
 class HostPreparedGraph:
     """A graph on the host executor: one plan and `HostExecutor` per binding of the size symbols
     (made on first use, or at once when `batch_size` fixes every symbol), kept for later calls."""
@@ -447,6 +554,7 @@ class HostPreparedGraph:
         key = tuple(sorted(bindings.items()))
         ex = self.executors.get(key)
         if ex is None:
+            _check_bound(self.graph, bindings)
             p = make_plan(self.graph, bindings=dict(bindings), settings=self.settings)
             ex = self.executors[key] = HostExecutor(p, self.threads)
         return ex

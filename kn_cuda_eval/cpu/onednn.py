@@ -82,6 +82,7 @@ _STATUS_NAMES = {
 # dnnl_data_type_t
 DT_F16, DT_F32, DT_UNDEF = 1, 3, 0
 _DATA_TYPES = {DType.F32: DT_F32, DType.F16: DT_F16}
+PostOp = tuple[int, float, float]  # an eltwise post-op: dnnl_alg_kind_t, alpha, beta
 ENGINE_CPU = 1  # dnnl_engine_kind_t
 STREAM_IN_ORDER = 0x1  # dnnl_stream_flags_t
 FORMAT_TAG_ANY = 1  # dnnl_format_tag_t
@@ -637,10 +638,14 @@ def auto_layout(step: st.Conv) -> str:
     return "plain" if _pointwise(step) and step.residual is None else "blocked"
 
 
-def conv_desc(step: st.Conv, threads: int, layout: str = "blocked") -> ConvDesc | None:
+def conv_desc(
+    step: st.Conv, threads: int, layout: str = "blocked", post: Sequence[PostOp] = ()
+) -> ConvDesc | None:
     """The primitive descriptor of `step` ("blocked": oneDNN chooses the activation layouts;
-    "plain": the views' NC(D)HW), or None when oneDNN cannot run it exactly (F64, negative or
-    zero strides, empty tensors, an unimplemented case)."""
+    "plain": the views' NC(D)HW; "nhwc", "c16", "c8": that layout), or None when oneDNN cannot
+    run it exactly (F64, negative or zero strides, empty tensors, an unimplemented case).
+    `post`: eltwise post-ops (alg kind, alpha, beta) applied last (an activation folded into
+    the convolution, `kn_cuda_eval.cpu.fuse`)."""
     x, w, out = step.x, step.w, step.out
     dt = _DATA_TYPES.get(out.dtype)
     views = [v for v in (x, w, step.bias, step.residual, out) if v is not None]
@@ -651,7 +656,7 @@ def conv_desc(step: st.Conv, threads: int, layout: str = "blocked") -> ConvDesc 
     if layout in _TAGS and len(x.shape) not in _TAGS[layout]:
         return None
     _omp_set_num_threads()(_threads(threads))
-    return _build(step, lambda lib, o: _conv_desc(lib, o, step, dt, layout))
+    return _build(step, lambda lib, o: _conv_desc(lib, o, step, dt, layout, tuple(post)))
 
 
 ROLES = ("x", "residual", "out")  # the activations a convolution may read or write blocked
@@ -666,6 +671,7 @@ def conv_runner(
     constant_weights: bool = True,
     desc: ConvDesc | None = None,
     blocked: frozenset[str] = frozenset(),
+    post: Sequence[PostOp] = (),
 ) -> Runner | None:
     """A oneDNN convolution for `step` over `arena`, or None when oneDNN cannot run it exactly
     (see `conv_desc`): then the caller runs `emulate_step` for it.
@@ -684,10 +690,11 @@ def conv_runner(
     the arena in the descriptor's own layout (`desc.src` for x, `desc.dst` for the residual and
     out) at the views' offsets — the executor's layout pass keeps a chain of convolutions in
     oneDNN's layout that way. The others are plain views: x (and the residual) are reordered
-    into the chosen layout through buffers allocated here, and the result back."""
+    into the chosen layout through buffers allocated here, and the result back.
+    `post`: eltwise post-ops after everything else (see `conv_desc`; a `desc` has its own)."""
     if desc is None:
         lay = auto_layout(step) if layout == "auto" else layout
-        desc = conv_desc(step, threads, lay)
+        desc = conv_desc(step, threads, lay, post)
         if desc is None:
             return None
     if not set(blocked) <= set(ROLES):
@@ -722,7 +729,9 @@ def _build(
         raise
 
 
-def _conv_desc(lib: DnnlLib, o: _Owner, s: st.Conv, dt: int, layout: str) -> ConvDesc | None:
+def _conv_desc(
+    lib: DnnlLib, o: _Owner, s: st.Conv, dt: int, layout: str, eltwise: tuple[PostOp, ...]
+) -> ConvDesc | None:
     g = s.groups
     k_out = s.w.shape[0]
     ks = s.w.shape[2:]
@@ -740,6 +749,7 @@ def _conv_desc(lib: DnnlLib, o: _Owner, s: st.Conv, dt: int, layout: str) -> Con
         post.append(("dnnl_post_ops_append_sum", (1.0, 0, DT_UNDEF)))
     if s.relu:
         post.append(("dnnl_post_ops_append_eltwise", (ELTWISE_RELU, 0.0, 0.0)))
+    post += [("dnnl_post_ops_append_eltwise", (a, float(al), float(be))) for a, al, be in eltwise]
     attr = o.attr(post)
     if layout == "plain":
         src_q, dst_q = x_md, out_md

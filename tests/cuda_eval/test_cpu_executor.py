@@ -301,3 +301,55 @@ def test_steps_past_the_parallel_threshold_match_the_reference(threads: int) -> 
         got = HostExecutor(p, threads=threads).eval(feed)
         for name, a, b in zip(g.output_names, got, ref, strict=True):
             assert_close(a, b, f"{name} on {threads} threads\n{p}")
+
+
+def _resident(address: int) -> int:
+    """Bytes of the mapping holding `address` that are in memory (/proc/self/smaps Rss)."""
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "Rss:":
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_packed_weights_are_not_held_twice() -> None:
+    """Constants oneDNN packed go back to the system (their arena pages); the results stay
+    right over repeated calls, and a constant another step also reads (a gather of the same
+    table) is kept."""
+    from kn_cuda_eval.cpu import onednn
+
+    rng = np.random.default_rng(3)
+    g = Graph()
+    x = g.input(Shape.of(1, 64, 16, 16), DType.F32, "x")
+    ids = g.input(Shape.of(4), DType.I64, "ids")
+    w1 = g.constant((rng.standard_normal((256, 64, 3, 3)) * 0.05).astype(np.float32))
+    w2 = g.constant((rng.standard_normal((64, 256, 3, 3)) * 0.05).astype(np.float32))
+    table = g.constant(rng.standard_normal((1, 512, 256)).astype(np.float32))  # 512 KB
+    y = g.conv(g.relu(g.conv(x, w1, padding=(1, 1))), w2, padding=(1, 1))
+    g.add_output(g.reduce(y, [2, 3], ReduceOp.MEAN), "y")
+    h = g.input(Shape.of(1, 3, 512), DType.F32, "h")
+    g.add_output(g.matmul(h, table), "logits")  # the table as GEMM weights ...
+    g.add_output(g.gather(table, 1, ids), "rows")  # ... and gathered: it must stay
+    feed = [
+        rng.standard_normal((1, 64, 16, 16)).astype(np.float32),
+        np.int64([0, 511, 7, 7]),
+        rng.standard_normal((1, 3, 512)).astype(np.float32),
+    ]
+    ex = HostExecutor(plan(g), threads=2)
+    want = evaluate(g, feed)
+    for _ in range(2):
+        for got, ref in zip(ex.eval(feed), want, strict=True):
+            assert_close(got, ref, "after the release")
+    if onednn.available() is not None:
+        assert ex._release.released == 0
+        return
+    conv_weights = 2 * 256 * 64 * 9 * 4
+    assert conv_weights - 2 * 4096 <= ex._release.released <= conv_weights
+    # the pages really left: the arena's mapping holds the rest only
+    assert _resident(ex.arena.ctypes.data) <= ex.plan.arena_size + 4096 - ex._release.released

@@ -241,3 +241,92 @@ def test_resnet_fixture_runs_every_block_in_oneDNN_layout() -> None:
         residuals = [k for k in convs if steps[k].residual is not None]
         assert len(residuals) > 2 and "residual" not in ex.blocked[residuals[0]]
         assert all("residual" in ex.blocked[k] for k in residuals[1:]), ex.blocked
+
+
+# -- activations folded into the convolution (`kn_cuda_eval.cpu.fuse`) -----------------------
+
+F32 = DType.F32
+
+
+def _prog(*instrs: object) -> object:
+    from kn_cuda_eval.program import Program
+
+    return Program(tuple(instrs), (len(instrs) - 1,))  # type: ignore[arg-type]
+
+
+def test_activation_programs_map_to_oneDNN_eltwise_ops() -> None:
+    from kn_cuda_eval.cpu import fuse
+    from kn_cuda_eval.program import Bin, Const, Load, Un
+
+    E = fuse.ELTWISE
+    ld = Load(0, F32)
+    assert fuse.post_ops(_prog(ld, Un(UnaryOp.SILU, 0, F32))) == ((E["swish"], 1.0, 0.0),)
+    relu6 = _prog(ld, Const(0.0, F32), Bin(BinaryOp.MAX, 0, 1, F32), Const(6.0, F32),
+                  Bin(BinaryOp.MIN, 3, 2, F32))  # fmt: skip
+    assert fuse.post_ops(relu6) == ((E["clip_v2"], 0.0, 6.0),)  # type: ignore[arg-type]
+    relu = _prog(ld, Const(0.0, F32), Bin(BinaryOp.MAX, 1, 0, F32))
+    assert fuse.post_ops(relu) == ((E["relu"], 0.0, 0.0),)  # type: ignore[arg-type]
+    # min then max: clamp(x, -inf, 6) then max(., 1) = clamp(x, 1, 6)
+    mm = _prog(ld, Const(6.0, F32), Bin(BinaryOp.MIN, 0, 1, F32), Const(1.0, F32),
+               Bin(BinaryOp.MAX, 2, 3, F32))  # fmt: skip
+    assert fuse.post_ops(mm) == ((E["clip_v2"], 1.0, 6.0),)  # type: ignore[arg-type]
+    gelu_then_clip = _prog(ld, Un(UnaryOp.GELU, 0, F32), Const(2.0, F32),
+                           Bin(BinaryOp.MIN, 1, 2, F32))  # fmt: skip
+    assert fuse.post_ops(gelu_then_clip) == (  # type: ignore[arg-type]
+        (E["gelu_erf"], 0.0, 0.0),
+        (E["clip_v2"], -np.inf, 2.0),
+    )
+    for bad in (
+        _prog(ld, Un(UnaryOp.EXP, 0, F32)),  # not one oneDNN post-op here
+        _prog(ld, Load(1, F32), Bin(BinaryOp.MAX, 0, 1, F32)),  # a second operand
+        _prog(ld, Const(1.0, F32), Bin(BinaryOp.ADD, 0, 1, F32)),
+        _prog(ld, Const(float("nan"), F32), Bin(BinaryOp.MAX, 0, 1, F32)),
+    ):
+        assert fuse.post_ops(bad) is None, bad  # type: ignore[arg-type]
+
+
+def _act_graph(kind: str) -> Graph:
+    g = Graph()
+    x = g.input((1, 16, 9, 9), DType.F32, "x")
+    t = g.conv(x, g.constant(_w(32, 16, 3, 3)), padding=(1, 1))
+    if kind == "silu":
+        y = g.silu(t)
+    elif kind == "relu6":
+        y = g.minimum(g.relu(t), 6.0)
+    elif kind == "gelu":
+        y = g.gelu(t)
+    elif kind == "silu, conv output read again":
+        y = g.mul(g.silu(t), t)
+    else:
+        raise AssertionError(kind)
+    z = g.conv(y, g.constant(_w(8, 32, 1, 1)))
+    g.add_output(g.reduce(z, [2, 3], ReduceOp.MEAN), "z")
+    # x read at the end: y cannot take x's bytes (a conv cannot write over its own input, and
+    # such a step stays unfolded)
+    g.add_output(g.reduce(x, [2, 3], ReduceOp.MAX), "x_max")
+    return g
+
+
+@pytest.mark.parametrize("kind", ["silu", "relu6", "gelu", "silu, conv output read again"])
+def test_activations_folded_into_the_convolution_match_the_reference(kind: str) -> None:
+    g = _act_graph(kind)
+    feed = [(RNG.standard_normal((1, 16, 9, 9)) * 3).astype(np.float32)]
+    ex = HostExecutor(plan(g), threads=2)
+    for got, ref in zip(ex.eval(feed), evaluate(g, feed), strict=True):
+        assert_close(got, ref, kind)
+    folded = [s for s in ex.steps if not isinstance(s, st.Step.__args__)]  # type: ignore[attr-defined]
+    want = HAVE and kind != "silu, conv output read again"
+    assert bool(folded) == want, [s.describe() for s in ex.steps]
+    if want:
+        assert any("+act" in n for n in ex.names) and "folded into step" in " ".join(ex.names)
+
+
+def test_mobilenet_fixture_folds_its_relu6() -> None:
+    from tests.cuda_eval.corpus import cases
+
+    for graph, feed, binds in cases("mobilenetv2_ts"):
+        ex = HostExecutor(plan(graph, bindings=binds), threads=2)
+        for got, ref in zip(ex.eval(feed), evaluate(graph, feed), strict=True):
+            assert_close(got, ref, f"mobilenetv2_ts {binds}")
+        n = sum("folded into step" in name for name in ex.names)
+        assert (n > 0) == HAVE, ex.names

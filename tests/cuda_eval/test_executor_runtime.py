@@ -53,11 +53,13 @@ def test_device_module_prints_versions_and_the_verdict(capsys: pytest.CaptureFix
     assert "cupy:" in out and f"no CUDA device: {reason}" in out
 
 
-def test_cpu_devices_have_no_profile() -> None:
+def test_the_reference_executor_has_no_profile() -> None:
     g = Graph()
     g.add_output(g.relu(g.input(Shape.of(2), DType.F32, "x")), "y")
     with pytest.raises(KnError, match="profiling times device steps"):
-        Device.cpu().prepare(g).profile([np.ones(2, np.float32)])
+        Device.cpu(reference=True).prepare(g).profile([np.ones(2, np.float32)])
+    rows = Device.cpu().prepare(g).profile([np.ones(2, np.float32)]).rows
+    assert [r.kind for r in rows] == ["elementwise"]
 
 
 def test_kn_run_cuda_without_a_gpu_is_one_clean_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,8 +69,8 @@ def test_kn_run_cuda_without_a_gpu_is_one_clean_line(capsys: pytest.CaptureFixtu
     assert len(err) == 1 and err[0].startswith("kn-run: error: CUDA device 0 is not usable")
 
 
-def test_kn_run_profile_on_the_cpu_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    assert kn_run(["--device", "cpu", "--profile"]) == 0
+def test_kn_run_profile_on_the_reference_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kn_run(["--device", "cpu-reference", "--profile"]) == 0
     assert "--profile times device steps" in capsys.readouterr().err
 
 

@@ -1,5 +1,5 @@
 """Run fuzz cases: build one from (seed, index), load it with `load_onnx`, evaluate what loads on
-small inputs through `Device.cpu().prepare(...).eval(...)`, and classify the outcome. Cases run
+small inputs through `Device.cpu(reference=True).prepare(...).eval(...)`, and classify the outcome. Cases run
 in forked worker processes (memory-limited) so that a hang is killed after a time limit and a
 crash is seen as a dead worker instead of killing the run."""
 
@@ -252,7 +252,7 @@ def _evaluate(case: Case, loaded: Any) -> str:
             return "skipped"
     elif _too_big(loaded, feed):
         return "skipped"
-    prepared = Device.cpu().prepare(loaded)
+    prepared = Device.cpu(reference=True).prepare(loaded)
     if case.misuse_eval:
         what, bad = eval_misuse([s[0] for s in specs], feed, rng)
         case.description.append(what)

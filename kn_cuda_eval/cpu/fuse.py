@@ -1,0 +1,179 @@
+"""Activations after a convolution, folded into its oneDNN primitive as an `eltwise` post-op.
+
+The planner's Conv step carries what cuDNN fuses (bias, residual, ReLU). The activations of
+MobileNet (ReLU6), EfficientNet (SiLU) and friends stay separate elementwise steps: one more
+pass over the tensor each. oneDNN applies them in the convolution's own epilogue, so the host
+executor folds such a step into the convolution right before it:
+
+    conv k: t = conv(x, w) (+ bias, + residual, relu)     step k+1: y = f(t)  (flat)
+    →  conv k: y = f(conv(...)), written at y's bytes      step k+1: nothing
+
+when step k+1 is a flat elementwise step (`layouts.is_flat`) whose only operand is exactly t,
+t is read by nothing else (it dies there and is no plan output), y has t's dtype and size and
+does not overlap what the convolution reads, and f is one oneDNN computes: SiLU (swish), a
+clamp (ReLU6, `clip_v2`), ReLU, sigmoid (logistic), tanh, exact and tanh GELU.
+
+    steps, posts = fold_activations(plan.steps, plan.outputs, candidates)
+    # steps[k]: the convolution writing y; steps[k + 1]: Folded(k); posts[k]: ((alg, alpha, beta), ...)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from kn_cuda_eval import steps as st
+from kn_cuda_eval.cpu.layouts import is_flat
+from kn_cuda_eval.cpu.onednn import PostOp
+from kn_cuda_eval.program import Bin, Const, Load, Program, Un
+from kn_cuda_eval.view import StridedView
+from kn_graph.ops import BinaryOp, UnaryOp
+
+__all__ = ["ELTWISE", "Folded", "PostOp", "fold_activations", "post_ops"]
+
+# dnnl_alg_kind_t (dnnl_types.h; stable across oneDNN 3.x)
+ELTWISE = {
+    "relu": 0x20,
+    "tanh": 0x21,
+    "logistic": 0x29,
+    "gelu_tanh": 0x2B,
+    "swish": 0x2C,
+    "clip_v2": 0x2F,
+    "gelu_erf": 0x31,
+}
+
+_UNARY = {
+    UnaryOp.SILU: ("swish", 1.0, 0.0),
+    UnaryOp.SIGMOID: ("logistic", 0.0, 0.0),
+    UnaryOp.TANH: ("tanh", 0.0, 0.0),
+    UnaryOp.GELU: ("gelu_erf", 0.0, 0.0),
+    UnaryOp.GELU_TANH: ("gelu_tanh", 0.0, 0.0),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """An elementwise step computed by convolution `into`'s epilogue: nothing to run."""
+
+    into: int
+    original: st.Step
+
+    def reads(self) -> tuple[StridedView, ...]:
+        return ()
+
+    def writes(self) -> tuple[StridedView, ...]:
+        return ()
+
+    def describe(self) -> str:
+        return f"folded into step {self.into}: {self.original.describe()}"
+
+
+def _const(p: Program, i: int) -> float | None:
+    ins = p.instrs[i]
+    return float(ins.value) if isinstance(ins, Const) else None
+
+
+def post_ops(p: Program) -> tuple[PostOp, ...] | None:
+    """The program as oneDNN eltwise post-ops, or None: one Load, then a chain of recognised
+    unary ops and clamps (max/min against constants) ending at the single root."""
+    if len(p.roots) != 1 or not isinstance(p.instrs[0], Load) or p.instrs[0].arg != 0:
+        return None
+    if any(isinstance(ins, Load) for ins in p.instrs[1:]):
+        return None
+    out: list[PostOp] = []
+    cur = 0
+    lo, hi = -math.inf, math.inf
+    clamp_open = False
+
+    def close_clamp() -> None:
+        nonlocal lo, hi, clamp_open
+        if clamp_open:
+            if lo == 0.0 and hi == math.inf:
+                out.append((ELTWISE["relu"], 0.0, 0.0))
+            else:
+                out.append((ELTWISE["clip_v2"], lo, hi))
+        lo, hi, clamp_open = -math.inf, math.inf, False
+
+    for k, ins in enumerate(p.instrs[1:], start=1):
+        if isinstance(ins, Const):
+            continue
+        if isinstance(ins, Un) and ins.x == cur and ins.op in _UNARY:
+            close_clamp()
+            name, a, b = _UNARY[ins.op]
+            out.append((ELTWISE[name], a, b))
+        elif isinstance(ins, Bin) and ins.op in (BinaryOp.MAX, BinaryOp.MIN):
+            other = ins.b if ins.a == cur else ins.a if ins.b == cur else None
+            c = None if other is None else _const(p, other)
+            if c is None or math.isnan(c):
+                return None
+            clamp_open = True
+            if ins.op is BinaryOp.MAX:
+                lo = max(lo, c)
+                hi = max(hi, c)
+            else:
+                hi = min(hi, c)
+                lo = min(lo, c)
+        else:
+            return None
+        cur = k
+    close_clamp()
+    if cur != p.roots[0] or not out:
+        return None
+    return tuple(out)
+
+
+def _overlap(a: StridedView, b: StridedView) -> bool:
+    (alo, ahi), (blo, bhi) = a.byte_extent(), b.byte_extent()
+    return alo < bhi and blo < ahi
+
+
+def fold_activations(
+    steps: Sequence[st.Step], outputs: Sequence[StridedView], candidates: Collection[int]
+) -> tuple[list[st.Step | Folded], dict[int, tuple[PostOp, ...]]]:
+    """The steps with every foldable activation folded into the convolution before it
+    (`candidates`: the conv steps oneDNN will run), and the post-ops of each such convolution."""
+    out: list[st.Step | Folded] = list(steps)
+    posts: dict[int, tuple[PostOp, ...]] = {}
+    for k in sorted(candidates):
+        conv, nxt = steps[k], steps[k + 1] if k + 1 < len(steps) else None
+        if not isinstance(conv, st.Conv) or not isinstance(nxt, st.Elementwise):
+            continue
+        if not is_flat(nxt) or len(nxt.inputs) != 1 or len(nxt.outputs) != 1:
+            continue
+        t, y = conv.out, nxt.outputs[0]
+        if not t.is_dense() or nxt.inputs[0].byte_extent() != t.byte_extent():
+            continue
+        if y.dtype is not t.dtype or y.numel != t.numel:
+            continue
+        if y.byte_extent() != t.byte_extent() and any(_overlap(y, r) for r in conv.reads()):
+            continue
+        ops = post_ops(nxt.program)
+        if ops is None or not _dead_after(steps, outputs, k + 1, t):
+            continue
+        out[k] = dataclasses.replace(conv, out=StridedView.dense(y.offset, t.shape, t.dtype))
+        out[k + 1] = Folded(k, nxt)
+        posts[k] = ops
+    return out, posts
+
+
+def _dead_after(
+    steps: Sequence[st.Step], outputs: Sequence[StridedView], j: int, t: StridedView
+) -> bool:
+    """Nothing after step j reads t's bytes before they are written again, and t is no plan
+    output."""
+    left = [t.byte_extent()]  # bytes of t not yet written again
+    for s in steps[j + 1 :]:
+        for r in s.reads():
+            rlo, rhi = r.byte_extent()
+            if any(a < rhi and rlo < b for a, b in left):
+                return False
+        for w in s.writes():
+            wlo, whi = w.byte_extent()
+            left = [q for a, b in left for q in ((a, min(b, wlo)), (max(a, whi), b)) if q[0] < q[1]]
+        if not left:
+            return True
+    return not any(
+        a < o.byte_extent()[1] and o.byte_extent()[0] < b for o in outputs for a, b in left
+    )
