@@ -617,7 +617,8 @@ def library_sources(kernels: Sequence[CKernel], prelude: str, parts: int = 1) ->
     """Translation units of one shared library (compiled in parallel, linked together): the
     kernels split over `parts` units, then the main one with a table of them and the step loop
     `kn_run(base, n, kid, p, f)`: kernel `kid[k]` with arguments `p[k]`, `f[k]` for each step k
-    in order; returns 0, or k + 1 for the first step that failed."""
+    in order (kid -1: a oneDNN primitive, see the C comment); returns 0, or k + 1 for the first
+    step that failed."""
     head = [
         prelude,
         "#include <stdlib.h>",
@@ -632,9 +633,27 @@ def library_sources(kernels: Sequence[CKernel], prelude: str, parts: int = 1) ->
     lines.append(f"static const kn_fn kn_kernels[] = {{{table}}};")
     lines.append(
         """
+/* oneDNN primitives run from the same loop: kernel id -1, p[k] = {primitive, stream, nargs,
+   args}, called through dnnl_primitive_execute (set once by kn_set_dnnl); a status other than
+   success stops the loop and is kept for kn_last_status. */
+typedef int (*kn_dnnl_fn)(const void*, void*, int, const void*);
+static kn_dnnl_fn kn_dnnl_execute = 0;
+static __thread int kn_status = 0;
+
+void kn_set_dnnl(void* execute) { kn_dnnl_execute = (kn_dnnl_fn)execute; }
+int kn_last_status(void) { return kn_status; }
+
 int kn_run(char* base, int n, const int* kid, const long long* const* p, const double* const* f) {
-    for (int k = 0; k < n; ++k)
-        if (kn_kernels[kid[k]](base, p[k], f[k])) return k + 1;
+    kn_status = 0;
+    for (int k = 0; k < n; ++k) {
+        if (kid[k] < 0) {
+            const long long* q = p[k];
+            int st = kn_dnnl_execute((const void*)q[0], (void*)q[1], (int)q[2], (const void*)q[3]);
+            if (st) { kn_status = st; return k + 1; }
+        } else if (kn_kernels[kid[k]](base, p[k], f[k])) {
+            return k + 1;
+        }
+    }
     return 0;
 }
 

@@ -7,12 +7,22 @@ Convolutions and GEMMs go to oneDNN (`kn_cuda_eval.cpu.onednn`) when it is usabl
 on arena views (`np.matmul`: OpenBLAS) or the emulator's step. Without a C compiler every fused
 step runs the emulator's NumPy function (one log line says so): slower, same results.
 
+Host-only choices made over the plan, which itself stays the GPU's (the emulator and the CUDA
+executor see the same steps):
+- `fuse`: an activation step right after a convolution (SiLU, ReLU6 and other clamps, sigmoid,
+  tanh, GELU) is folded into the oneDNN primitive as an eltwise post-op when nothing else reads
+  the convolution's raw output;
+- `layouts`: chains of convolutions keep their activations channels-last (NHWC) in the
+  planner's own bytes, so oneDNN reorders only where a tensor enters or leaves a chain;
+- constants oneDNN packed (conv weights, GEMM weights) give their arena pages back
+  (`madvise(MADV_DONTNEED)`), so the weights are not held twice.
+
     HostExecutor(plan, threads=None).eval(inputs)          # one plan
     HostPreparedGraph(graph, batch_size=None).eval(inputs) # a plan per binding of the sizes
 
 Threads: one number (default: the cores this process may run on) for OpenMP (the C steps and
 oneDNN share the libgomp pool) and for OpenBLAS (threadpoolctl when installed, else OpenBLAS's
-own setter). OpenMP threads sleep as soon as a region ends (`OMP_WAIT_POLICY=PASSIVE`, unless
+own setter). OpenMP threads spin only briefly after a region (`GOMP_SPINCOUNT=20000`, unless
 set), so pools take turns instead of spinning beside each other.
 """
 
@@ -77,20 +87,24 @@ def _mapped(fragment: str) -> bool:
 
 @functools.cache
 def _passive_openmp() -> None:
-    """OpenMP threads sleep as soon as a parallel region ends (`OMP_WAIT_POLICY=PASSIVE`), unless
-    the user chose a policy. libgomp spins about 300k iterations by default, and a spinning
-    worker takes the core from the thread that runs the next step (Python, a NumPy call, a
-    library's own pool): measured on 2 busy cores, GPT-2 (fixture) took 32 ms instead of 0.14 ms.
-    libgomp reads the variable when it loads, so this runs before the first library does."""
+    """OpenMP threads spin briefly when a parallel region ends, then sleep
+    (`GOMP_SPINCOUNT=20000`, about 20-50 µs), unless the user chose a policy. libgomp's default
+    spins about 300k iterations, and a spinning worker takes the core from the thread that runs
+    the next step (Python, a NumPy call, another library's pool): measured on 2 busy cores,
+    GPT-2 (fixture) took 32 ms instead of 0.14 ms. Sleeping at once (`OMP_WAIT_POLICY=PASSIVE`)
+    makes every region pay a futex wake-up instead: the tiny ResNet-18 took 0.78 ms an
+    evaluation with 2 threads, against 0.34 ms with 20k spins (0.37 with 5k, 0.33 with 100k;
+    MobileNetV2 1.36 / 0.62 ms, BERT 0.25 / 0.14 ms, the tiny SD UNet 5.7 / 4.0 ms).
+    libgomp reads the variables when it loads, so this runs before the first library does."""
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return
     if _mapped("libgomp"):
         log.info(
-            "libgomp was loaded before the host executor: OMP_WAIT_POLICY stays its default "
-            "(set OMP_WAIT_POLICY=PASSIVE before importing libraries that use OpenMP)"
+            "libgomp was loaded before the host executor: its wait policy stays the default "
+            "(set GOMP_SPINCOUNT=20000 before importing libraries that use OpenMP)"
         )
         return
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    os.environ["GOMP_SPINCOUNT"] = "20000"
 
 
 @functools.cache
@@ -124,6 +138,10 @@ class HostLibrary:
         self.set_threads = lib.kn_set_threads
         self.set_threads.restype, self.set_threads.argtypes = None, [ctypes.c_int]
         self.openmp = bool(lib.kn_openmp())
+        self.set_dnnl = lib.kn_set_dnnl
+        self.set_dnnl.restype, self.set_dnnl.argtypes = None, [ctypes.c_void_p]
+        self.last_status = lib.kn_last_status
+        self.last_status.restype, self.last_status.argtypes = ctypes.c_int, []
         self._lib = lib
 
     @staticmethod
@@ -178,11 +196,17 @@ def _onednn_note(why: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _Segment:
-    """Steps [lo, hi) of the plan: one call of the library's step loop, or one host callable."""
+    """Steps [lo, hi) of the plan: one call of the library's step loop (compiled steps and
+    oneDNN primitives), or one host callable."""
 
     lo: int
     hi: int
-    run: Callable[[], int]  # 0, or (index within the segment + 1) of a failed C step
+    run: Callable[[], int]  # 0, or (index within the segment + 1) of a failed entry
+    entries: tuple[int, ...] = ()  # the step of each entry of the step loop
+
+
+def _nothing() -> None:
+    """A step folded into another (`fuse.Folded`): nothing to run."""
 
 
 def _arena(n: int) -> tuple[np.ndarray, mmap.mmap]:
@@ -298,8 +322,9 @@ class HostExecutor:
         self._inputs = [view_array(self.arena, v) for v in plan.inputs]
         self._outputs = [view_array(self.arena, v) for v in plan.outputs]
         self.calls: list[csource.CCall | None] = [csource.step_call(s) for s in plan.steps]
-        if library is None and any(c is not None for c in self.calls):
-            library = HostLibrary.for_plans([plan])
+        libsteps = any(isinstance(s, st.Conv | st.MatMul) for s in plan.steps)
+        if library is None and (libsteps or any(c is not None for c in self.calls)):
+            library = HostLibrary.for_plans([plan])  # its step loop runs oneDNN's too
         self.library = library
         if library is not None:
             library.set_threads(self.threads)
@@ -335,6 +360,10 @@ class HostExecutor:
                 self._host.append(
                     fn if fn is not None else functools.partial(emulate_step, self.arena, k, s)
                 )
+        self._dnn = dnn
+        if library is not None and dnn is not None:
+            execute = dnn.load_dnnl().fns["dnnl_primitive_execute"]
+            library.set_dnnl(ctypes.cast(execute, ctypes.c_void_p).value)
         self.segments = self._segments()
         self._lock = threading.Lock()
 
@@ -358,7 +387,7 @@ class HostExecutor:
     def _library_step(self, k: int, s: st.Step, dnn: Any) -> tuple[Callable[[], None] | None, str]:
         match s:
             case fuse.Folded():
-                return (lambda: None), f"folded into step {s.into}"
+                return _nothing, f"folded into step {s.into}"
             case st.Conv():
                 if dnn is None:
                     return None, ""
@@ -394,41 +423,50 @@ class HostExecutor:
             case _:
                 return None, ""
 
-    def _c_args(self, ks: Sequence[int]) -> tuple[Any, Any, Any]:
-        """The kernel ids and argument arrays of C steps `ks`, as ctypes arrays."""
-        assert self.library is not None
-        kid = (ctypes.c_int * len(ks))()
-        ps = (ctypes.c_void_p * len(ks))()
-        fs = (ctypes.c_void_p * len(ks))()
-        for i, k in enumerate(ks):
-            c = self.calls[k]
+    def _entries(self, k: int) -> list[tuple[int, Any, Any]] | None:
+        """Step k in the library's step loop: (kernel id or -1 for a oneDNN primitive, ints,
+        floats) per entry; None when it runs in Python (a NumPy step, BLAS)."""
+        host, c = self._host[k], self.calls[k]
+        if self.library is None:
+            return None
+        if host is None:
             assert c is not None
-            kid[i] = self.library.index[c.kernel.name]
             p = (ctypes.c_longlong * max(len(c.ints), 1))(*c.ints)
             f = (ctypes.c_double * max(len(c.floats), 1))(*c.floats)
-            self._keep += [p, f]
-            ps[i] = ctypes.addressof(p)
-            fs[i] = ctypes.addressof(f)
-        self._keep += [kid, ps, fs]
-        return kid, ps, fs
+            return [(self.library.index[c.kernel.name], p, f)]
+        if host is _nothing:
+            return []
+        if self._dnn is not None and isinstance(host, self._dnn.Runner):
+            none = (ctypes.c_double * 1)()
+            return [(-1, (ctypes.c_longlong * 4)(*e), none) for e in host.c_entries()]
+        return None
 
     def _segments(self) -> list[_Segment]:
         out: list[_Segment] = []
         n = len(self.steps)
         k = 0
         while k < n:
-            host = self._host[k]
-            if host is not None:
-                out.append(_Segment(k, k + 1, _returns_zero(host)))
+            entries = self._entries(k)
+            if entries is None:
+                out.append(_Segment(k, k + 1, _returns_zero(self._host[k])))  # type: ignore[arg-type]
                 k += 1
                 continue
-            hi = k
-            while hi < n and self._host[hi] is None:
+            hi, loop, owner = k, [], []
+            while hi < n:
+                e = entries if hi == k else self._entries(hi)
+                if e is None:
+                    break
+                loop += e
+                owner += [hi] * len(e)
                 hi += 1
-            kid, ps, fs = self._c_args(range(k, hi))
-            assert self.library is not None
-            run = functools.partial(self.library.run, self._base, hi - k, kid, ps, fs)
-            out.append(_Segment(k, hi, run))
+            if loop:
+                assert self.library is not None
+                kid = (ctypes.c_int * len(loop))(*(e[0] for e in loop))
+                ps = (ctypes.c_void_p * len(loop))(*(ctypes.addressof(e[1]) for e in loop))
+                fs = (ctypes.c_void_p * len(loop))(*(ctypes.addressof(e[2]) for e in loop))
+                self._keep += [kid, ps, fs, loop]
+                run = functools.partial(self.library.run, self._base, len(loop), kid, ps, fs)
+                out.append(_Segment(k, hi, run, tuple(owner)))
             k = hi
         return out
 
@@ -459,15 +497,20 @@ class HostExecutor:
             except Exception as e:  # a library failure: ours, naming the step
                 raise self._fail(seg.lo, e) from e
             if bad:
-                raise self._fail(seg.lo + bad - 1)
+                k = seg.entries[bad - 1]
+                if isinstance(self.steps[k], st.Conv | st.MatMul):
+                    assert self.library is not None and self._dnn is not None
+                    status = int(self.library.last_status())
+                    e = self._dnn.OnednnError("dnnl_primitive_execute", status)
+                    raise self._fail(k, e.at(self.steps[k]))
+                raise self._fail(k)
 
     def eval(self, inputs: Inputs) -> list[np.ndarray]:
         """The plan's outputs for `inputs` (fresh arrays). Calls from several threads take turns
         (one arena)."""
         with self._lock:
             self._load(inputs)
-            if self.library is not None:  # OpenMP's thread count is per calling thread
-                self.library.set_threads(self.threads)
+            self._threads_here()
             self._run()
             return [np.array(v) for v in self._outputs]
 
@@ -476,8 +519,7 @@ class HostExecutor:
         rows: list[ProfileRow] = []
         with self._lock:
             self._load(inputs)
-            if self.library is not None:
-                self.library.set_threads(self.threads)
+            self._threads_here()
             for k, s in enumerate(self.steps):
                 host, c = self._host[k], self.calls[k]
                 t0 = time.perf_counter()
@@ -496,14 +538,20 @@ class HostExecutor:
                 rows.append(ProfileRow(k, type(s).__name__.lower(), self.names[k], ms))
         return Profile(f"cpu ({self.threads} threads)", tuple(rows))
 
+    def _threads_here(self) -> None:
+        """OpenMP's thread count is per calling thread: set it on this one, in the OpenMP
+        runtime our library uses and in the one oneDNN uses (the same libgomp when both are
+        the system's)."""
+        if self.library is not None:
+            self.library.set_threads(self.threads)
+        if self._dnn is not None:
+            self._dnn._omp_set_num_threads()(self.threads)
+
     def _one(self, k: int, c: csource.CCall) -> int:
         assert self.library is not None
-        seg = next(g for g in self.segments if g.lo <= k < g.hi)
-        run = seg.run
-        assert isinstance(run, functools.partial)
-        _, _, kid, ps, fs = run.args
-        i = k - seg.lo
-        return int(self.library.one(self._base, kid[i], ps[i], fs[i]))
+        p = (ctypes.c_longlong * max(len(c.ints), 1))(*c.ints)
+        f = (ctypes.c_double * max(len(c.floats), 1))(*c.floats)
+        return int(self.library.one(self._base, self.library.index[c.kernel.name], p, f))
 
 
 def _returns_zero(f: Callable[[], object]) -> Callable[[], int]:

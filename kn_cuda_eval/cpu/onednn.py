@@ -513,6 +513,11 @@ class Runner:
         self._set_threads = _omp_set_num_threads()
         self._stream = _engine()[1]
 
+    def c_entries(self) -> list[tuple[int, int, int, int]]:
+        """(primitive, stream, nargs, address of the argument array) of each primitive call,
+        for the executor's compiled step loop (the arrays stay alive with this runner)."""
+        return [(p, self._stream, n, ctypes.addressof(a)) for p, n, a in self._calls]
+
     def rebind(self, arena: np.ndarray) -> None:
         """Run over `arena` from now on (same plan, e.g. a new arena for the same binding)."""
         base = _base(arena)
