@@ -9,9 +9,9 @@ running this very file as `<venv>/bin/python benchmarks/real_models.py --export-
 the venv that has torch (torchvision models: /work/venv-tv; transformers models: /work/venv-fx).
 A failed export is recorded and the model skipped.
 
-Phase 2, per model, in this process: `load_onnx`, `optimize`, `Device.cpu(fast=True,
-threads=N).prepare(graph)`; the first call (plan + C compile + arena) is timed on its own; then
-ours and onnxruntime (intra-op N threads, inter-op 1, sequential) are called in turn, median of
+Phase 2, per model, in this process: `load_onnx`, `optimize`, `Device.cpu(threads=N)
+.prepare(graph)`; the first call (plan + C compile + arena) is timed on its own; then
+ours and onnxruntime (intra-op N threads, inter-op 1, sequential) are called in turn (`--pause` seconds before each call), median of
 `--runs` after `--warmup` rounds. Agreement is max |ours - ort| / max |ort| over all outputs.
 
 Phase 3 (ResNet-50 and BERT-base): the RSS growth of one (first) evaluation, each side in a fresh
@@ -207,7 +207,7 @@ def ours_prepared(path: Path) -> Any:
     from kn_runtime import Device
 
     graph = optimize(load_onnx(path))
-    return Device.cpu(fast=True, threads=ARGS.threads).prepare(graph)
+    return Device.cpu(ARGS.threads).prepare(graph)
 
 
 def time_model(name: str) -> dict:
@@ -341,7 +341,7 @@ def main() -> int:
     print(
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, NumPy {np.__version__}, "
         f"onnxruntime {ort.__version__}; {ARGS.threads} threads each; optimized graph on "
-        f"Device.cpu(fast=True); median of {ARGS.runs} interleaved calls after {ARGS.warmup} "
+        f"Device.cpu(); median of {ARGS.runs} interleaved calls after {ARGS.warmup} "
         f"warm-up rounds; random weights, batch 1 unless named, sequence {SEQ}.\n"
     )
     print("| model | ours (ms) | onnxruntime (ms) | ratio | first call (s) | agreement |")

@@ -1,8 +1,9 @@
 """Time a full Stable Diffusion 1.5 UNet (random weights, exported by
-`examples/make_tiny_sd.py --full-unet DIR`) on the CPU executor: load_onnx, optimize, and one
+`examples/make_tiny_sd.py --full-unet DIR`) on the CPU backend (`--reference`: the NumPy
+reference executor): load_onnx, optimize, and one
 UNet step at batch 2 (classifier-free guidance), 64x64 latents, 77 tokens.
 
-    python benchmarks/sd15_unet_cpu.py /work/sd15_unet [--check-ort]
+    python benchmarks/sd15_unet_cpu.py /work/sd15_unet [--check-ort] [--reference]
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def main() -> int:
     ap.add_argument("folder", type=Path, help="folder with unet/model.onnx (+ model.onnx_data)")
     ap.add_argument("--check-ort", action="store_true", help="also run onnxruntime and compare")
     ap.add_argument(
-        "--fast", action="store_true", help="the fast CPU backend (Device.cpu(fast=True))"
+        "--reference",
+        action="store_true",
+        help="the NumPy reference executor (Device.cpu(reference=True)) instead of the CPU backend",
     )
     args = ap.parse_args()
     path = args.folder / "unet" / "model.onnx"
@@ -64,11 +67,11 @@ def main() -> int:
         flush=True,
     )
     print("  ops:", ", ".join(f"{k} {n}" for k, n in kinds.most_common()), flush=True)
-    prepared = Device.cpu(fast=args.fast).prepare(graph)
+    prepared = Device.cpu(reference=args.reference).prepare(graph)
     t0, c0 = time.perf_counter(), time.process_time()
     (out,) = prepared.eval(feeds)
     t_step, c_step = time.perf_counter() - t0, time.process_time() - c0
-    if args.fast:  # the first call planned and compiled: time a second one
+    if not args.reference:  # the first call planned and compiled: time a second one
         print(f"first step (plan + compile + run): {t_step:.1f} s wall", flush=True)
         t0, c0 = time.perf_counter(), time.process_time()
         (out,) = prepared.eval(feeds)

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from kn_cuda_eval import steps as st
-from kn_cuda_eval.cpu import build, csource, fuse, layouts
+from kn_cuda_eval.cpu import attention, build, csource, fuse, layouts
 from kn_cuda_eval.device.profile import Profile, ProfileRow
 from kn_cuda_eval.emulator import emulate_step, plan_inputs, view_array
 from kn_cuda_eval.plan import Plan
@@ -60,6 +60,7 @@ __all__ = ["HostExecutor", "HostLibrary", "HostPreparedGraph", "default_threads"
 log = logging.getLogger(__name__)
 
 Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
+_ALIGN = 64
 # The layout chains of convolutions keep between them (`layouts`): channels last. It is dense
 # for every channel count (nChw16c pads 24 channels to 32, which no longer fits the planner's
 # region), a plain permutation of the logical tensor, and measured as fast: the conv primitives
@@ -145,14 +146,15 @@ class HostLibrary:
         self._lib = lib
 
     @staticmethod
-    def for_plans(plans: Sequence[Plan]) -> HostLibrary | None:
-        """One library for every fused step of `plans`; None without a C compiler."""
+    def for_plans(plans: Sequence[Plan], extra: Sequence[st.Step] = ()) -> HostLibrary | None:
+        """One library for every fused step of `plans` (and of `extra` steps); None without a
+        C compiler."""
         if build.compiler() is None:
             _no_compiler_note()
             return None
         kernels = []
-        for p in plans:
-            for s in p.steps:
+        for steps in [*(p.steps for p in plans), extra]:
+            for s in steps:
                 c = csource.step_call(s)
                 if c is not None:
                     kernels.append(c.kernel)
@@ -313,7 +315,20 @@ class HostExecutor:
         _passive_openmp()
         self.plan = plan
         self.threads = default_threads() if threads is None else max(1, int(threads))
-        self.arena, self._mm = _arena(plan.arena_size)
+        has_lib = any(isinstance(s, st.Conv | st.MatMul | st.Attention) for s in plan.steps)
+        dnn = _onednn() if has_lib else None
+        # large attention steps as GEMMs and softmaxes over scratch past the plan's arena
+        scratch = -(-plan.arena_size // _ALIGN) * _ALIGN
+        self._split: dict[int, list[st.MatMul | st.Softmax]] = {}
+        extra = 0
+        if dnn is not None and build.compiler() is not None:
+            for k, s in enumerate(plan.steps):
+                if isinstance(s, st.Attention):
+                    got = attention.split_attention(s, scratch)
+                    if got is not None:
+                        self._split[k], size = got
+                        extra = max(extra, size)
+        self.arena, self._mm = _arena(scratch + extra if extra else plan.arena_size)
         self.arena.fill(0xFF)  # unwritten memory reads as NaN, as in the emulator
         for off, data in plan.constants:
             raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
@@ -322,9 +337,9 @@ class HostExecutor:
         self._inputs = [view_array(self.arena, v) for v in plan.inputs]
         self._outputs = [view_array(self.arena, v) for v in plan.outputs]
         self.calls: list[csource.CCall | None] = [csource.step_call(s) for s in plan.steps]
-        libsteps = any(isinstance(s, st.Conv | st.MatMul) for s in plan.steps)
-        if library is None and (libsteps or any(c is not None for c in self.calls)):
-            library = HostLibrary.for_plans([plan])  # its step loop runs oneDNN's too
+        subs = [t for ts in self._split.values() for t in ts]
+        if library is None and (has_lib or any(c is not None for c in self.calls)):
+            library = HostLibrary.for_plans([plan], subs)  # its step loop runs oneDNN's too
         self.library = library
         if library is not None:
             library.set_threads(self.threads)
@@ -332,7 +347,6 @@ class HostExecutor:
         self._keep: list[object] = []  # ctypes arrays the prebuilt calls point into
         self.names: list[str] = []
         self._host: list[Callable[[], None] | None] = []
-        dnn = _onednn() if any(isinstance(s, st.Conv | st.MatMul) for s in plan.steps) else None
         # the steps as run: activations folded into the convolution before them (`fuse`)
         self.steps: list[st.Step | fuse.Folded] = list(plan.steps)
         self._posts: dict[int, tuple[fuse.PostOp, ...]] = {}
@@ -342,9 +356,17 @@ class HostExecutor:
         self.blocked = self._layouts(dnn)
         self._packs: set[int] = set()  # steps whose constant operand oneDNN packed
         self._release = _Release(plan, self._mm)
+        self._composite: dict[int, list[Any]] = {}  # split attention: runners and C calls
         for k in range(len(plan.steps)):
             if isinstance(self.steps[k], fuse.Folded):
                 self.calls[k] = None
+            pieces = self._pieces(k, dnn) if k in self._split else None
+            if pieces is not None:
+                self._composite[k] = pieces
+                self.calls[k] = None
+                self.names.append(f"onednn gemm+softmax x{len(pieces) // 3}")
+                self._host.append(functools.partial(self._run_pieces, k))
+                continue
             fn, name = self._library_step(k, self.steps[k], dnn)
             if fn is None and k in self._posts:  # oneDNN declined it: run both steps as planned
                 del self._posts[k]
@@ -423,22 +445,64 @@ class HostExecutor:
             case _:
                 return None, ""
 
+    def _pieces(self, k: int, dnn: Any) -> list[Any] | None:
+        """The runners (GEMMs) and C calls (softmaxes) of split attention step k; None when one
+        of them is missing (the fused kernel then runs)."""
+        out: list[Any] = []
+        for sub in self._split[k]:
+            if isinstance(sub, st.MatMul):
+                r = dnn.gemm_runner(sub, self.arena, self.threads)
+                if not isinstance(r, dnn.Runner):
+                    return None
+                out.append(r)
+            else:
+                c = csource.step_call(sub)
+                if c is None or self.library is None or c.kernel.name not in self.library.index:
+                    return None
+                out.append(c)
+        return out
+
+    def _run_pieces(self, k: int) -> None:
+        for piece in self._composite[k]:
+            if isinstance(piece, csource.CCall):
+                if self._one(k, piece):
+                    raise EvaluationError(f"step {k}: {piece.kernel.name} failed")
+            else:
+                piece()
+
+    def _kernel_entry(self, c: csource.CCall) -> tuple[int, Any, Any]:
+        assert self.library is not None
+        p = (ctypes.c_longlong * max(len(c.ints), 1))(*c.ints)
+        f = (ctypes.c_double * max(len(c.floats), 1))(*c.floats)
+        return self.library.index[c.kernel.name], p, f
+
+    def _runner_entries(self, r: Any) -> list[tuple[int, Any, Any]]:
+        none = (ctypes.c_double * 1)()
+        return [(-1, (ctypes.c_longlong * 4)(*e), none) for e in r.c_entries()]
+
     def _entries(self, k: int) -> list[tuple[int, Any, Any]] | None:
         """Step k in the library's step loop: (kernel id or -1 for a oneDNN primitive, ints,
         floats) per entry; None when it runs in Python (a NumPy step, BLAS)."""
         host, c = self._host[k], self.calls[k]
         if self.library is None:
             return None
+        if k in self._composite:
+            return [
+                e
+                for piece in self._composite[k]
+                for e in (
+                    [self._kernel_entry(piece)]
+                    if isinstance(piece, csource.CCall)
+                    else self._runner_entries(piece)
+                )
+            ]
         if host is None:
             assert c is not None
-            p = (ctypes.c_longlong * max(len(c.ints), 1))(*c.ints)
-            f = (ctypes.c_double * max(len(c.floats), 1))(*c.floats)
-            return [(self.library.index[c.kernel.name], p, f)]
+            return [self._kernel_entry(c)]
         if host is _nothing:
             return []
         if self._dnn is not None and isinstance(host, self._dnn.Runner):
-            none = (ctypes.c_double * 1)()
-            return [(-1, (ctypes.c_longlong * 4)(*e), none) for e in host.c_entries()]
+            return self._runner_entries(host)
         return None
 
     def _segments(self) -> list[_Segment]:
@@ -498,11 +562,12 @@ class HostExecutor:
                 raise self._fail(seg.lo, e) from e
             if bad:
                 k = seg.entries[bad - 1]
-                if isinstance(self.steps[k], st.Conv | st.MatMul):
-                    assert self.library is not None and self._dnn is not None
-                    status = int(self.library.last_status())
+                assert self.library is not None
+                status = int(self.library.last_status())
+                if status:  # a oneDNN primitive of the step
+                    assert self._dnn is not None
                     e = self._dnn.OnednnError("dnnl_primitive_execute", status)
-                    raise self._fail(k, e.at(self.steps[k]))
+                    raise self._fail(k, e.at(self.steps[k]))  # type: ignore[arg-type]
                 raise self._fail(k)
 
     def eval(self, inputs: Inputs) -> list[np.ndarray]:

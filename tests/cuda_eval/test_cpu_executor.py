@@ -22,6 +22,7 @@ import scipy.special
 from kn_cuda_eval import Plan, PlanSettings, plan, steps
 from kn_cuda_eval.cpu import build
 from kn_cuda_eval.cpu.executor import HostExecutor, HostLibrary, HostPreparedGraph
+from kn_cuda_eval.emulator import view_array
 from kn_cuda_eval.kernels.host_check import parametrizations
 from kn_graph import DType, Graph, ReduceOp, Shape, UnaryOp
 from kn_graph.cpu import evaluate
@@ -353,3 +354,52 @@ def test_packed_weights_are_not_held_twice() -> None:
     assert conv_weights - 2 * 4096 <= ex._release.released <= conv_weights
     # the pages really left: the arena's mapping holds the rest only
     assert _resident(ex.arena.ctypes.data) <= ex.plan.arena_size + 4096 - ex._release.released
+
+
+@pytest.mark.parametrize("layout", ["dense", "transposed q and k"])
+def test_large_attention_as_gemms_matches_the_reference(
+    layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attention with enough scores runs as GEMM, softmax, GEMM per head and block of query
+    rows (`kn_cuda_eval.cpu.attention`); small blocks here, so rows split unevenly."""
+    from kn_cuda_eval.cpu import attention, onednn
+
+    monkeypatch.setattr(attention, "BLOCK_BYTES", 100 * 1024)
+    rng = np.random.default_rng(11)
+    g = Graph()
+    if layout == "dense":
+        q = g.input(Shape.of(3, 600, 16), DType.F32, "q")
+        k = g.input(Shape.of(3, 500, 16), DType.F32, "k")
+        shapes = [(3, 600, 16), (3, 500, 16)]
+    else:  # [b, d, m] stored, read as [b, m, d]
+        q = g.permute(g.input(Shape.of(3, 16, 600), DType.F32, "q"), [0, 2, 1])
+        k = g.permute(g.input(Shape.of(3, 16, 500), DType.F32, "k"), [0, 2, 1])
+        shapes = [(3, 16, 600), (3, 16, 500)]
+    v = g.input(Shape.of(3, 500, 24), DType.F32, "v")
+    g.add_output(g.attention(q, k, v, scale=0.3), "o")
+    feed = [(rng.standard_normal(s) * 2).astype(np.float32) for s in [*shapes, (3, 500, 24)]]
+    p = plan(g)
+    ex = HostExecutor(p, threads=2)
+    for _ in range(2):
+        assert_close(ex.eval(feed)[0], evaluate(g, feed)[0], layout)
+    split = [n for n in ex.names if n.startswith("onednn gemm+softmax")]
+    assert bool(split) == (onednn.available() is None), ex.names
+    prof = ex.profile(feed)
+    assert any(r.kind == "attention" for r in prof.rows)
+    assert_close(view_array(ex.arena, p.outputs[0]).copy(), evaluate(g, feed)[0], "profiled")
+
+
+def test_small_or_masked_attention_stays_one_fused_step() -> None:
+    from kn_cuda_eval.cpu import attention
+
+    g = Graph()
+    q = g.input(Shape.of(2, 64, 16), DType.F32, "q")
+    g.add_output(g.attention(q, q, q), "o")
+    a = next(s for s in plan(g).steps if isinstance(s, steps.Attention))
+    assert attention.split_attention(a, 0) is None  # 4k scores: the fused kernel
+    g = Graph()
+    q = g.input(Shape.of(2, 600, 16), DType.F32, "q")
+    m = g.input(Shape.of(2, 600, 600), DType.F32, "m")
+    g.add_output(g.attention(q, q, q, mask=m), "o")
+    a = next(s for s in plan(g).steps if isinstance(s, steps.Attention))
+    assert a.mask is not None and attention.split_attention(a, 0) is None
