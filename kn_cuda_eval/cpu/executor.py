@@ -328,6 +328,20 @@ class HostExecutor:
                     if got is not None:
                         self._split[k], size = got
                         extra = max(extra, size)
+        # the steps as run: activations folded into the convolution before them (`fuse`)
+        self.steps: list[st.Step | fuse.Folded] = list(plan.steps)
+        self._posts: dict[int, tuple[fuse.PostOp, ...]] = {}
+        if dnn is not None:
+            convs = [
+                k
+                for k, s in enumerate(plan.steps)
+                if isinstance(s, st.Conv) and s.out.dtype in (DType.F32, DType.F16)
+            ]
+            at = scratch + -(-extra // _ALIGN) * _ALIGN
+            self.steps, self._posts, used = fuse.fold_activations(
+                plan.steps, plan.outputs, convs, at
+            )
+            extra = at - scratch + used
         self.arena, self._mm = _arena(scratch + extra if extra else plan.arena_size)
         self.arena.fill(0xFF)  # unwritten memory reads as NaN, as in the emulator
         for off, data in plan.constants:
@@ -336,10 +350,16 @@ class HostExecutor:
         self._base = self.arena.ctypes.data
         self._inputs = [view_array(self.arena, v) for v in plan.inputs]
         self._outputs = [view_array(self.arena, v) for v in plan.outputs]
-        self.calls: list[csource.CCall | None] = [csource.step_call(s) for s in plan.steps]
+        # calls of the steps as run (a folded activation's readers may read elsewhere)
+        self.calls: list[csource.CCall | None] = [
+            None if isinstance(s, fuse.Folded) else csource.step_call(s) for s in self.steps
+        ]
         subs = [t for ts in self._split.values() for t in ts]
         if library is None and (has_lib or any(c is not None for c in self.calls)):
-            library = HostLibrary.for_plans([plan], subs)  # its step loop runs oneDNN's too
+            # its step loop runs oneDNN's too; the plan's own steps keep every kernel an
+            # unfolded activation may need
+            ran = [t for t in self.steps if not isinstance(t, fuse.Folded)]
+            library = HostLibrary.for_plans([plan], [*ran, *subs])
         self.library = library
         if library is not None:
             library.set_threads(self.threads)
@@ -347,12 +367,6 @@ class HostExecutor:
         self._keep: list[object] = []  # ctypes arrays the prebuilt calls point into
         self.names: list[str] = []
         self._host: list[Callable[[], None] | None] = []
-        # the steps as run: activations folded into the convolution before them (`fuse`)
-        self.steps: list[st.Step | fuse.Folded] = list(plan.steps)
-        self._posts: dict[int, tuple[fuse.PostOp, ...]] = {}
-        if dnn is not None:
-            convs = [k for k, s in enumerate(plan.steps) if isinstance(s, st.Conv)]
-            self.steps, self._posts = fuse.fold_activations(plan.steps, plan.outputs, convs)
         self.blocked = self._layouts(dnn)
         self._packs: set[int] = set()  # steps whose constant operand oneDNN packed
         self._release = _Release(plan, self._mm)
@@ -368,9 +382,17 @@ class HostExecutor:
                 self._host.append(functools.partial(self._run_pieces, k))
                 continue
             fn, name = self._library_step(k, self.steps[k], dnn)
-            if fn is None and k in self._posts:  # oneDNN declined it: run both steps as planned
-                del self._posts[k]
-                self.steps[k : k + 2] = plan.steps[k : k + 2]
+            if fn is None and k in self._posts:  # oneDNN declined it: both steps run again,
+                del self._posts[k]  # the activation writing where its readers now look
+                folded = self.steps[k]
+                assert isinstance(folded, st.Conv)
+                y = plan.steps[k + 1].writes()[0]
+                act = st.map_views(
+                    plan.steps[k + 1],
+                    lambda v, y=y, at=folded.out.offset: v.with_offset(at) if v == y else v,
+                )
+                self.steps[k : k + 2] = [plan.steps[k], act]  # type: ignore[list-item]
+                self.calls[k + 1] = csource.step_call(act)  # type: ignore[arg-type]
                 fn, name = self._library_step(k, self.steps[k], dnn)
             self._release.built(k, k in self._packs)
             s, c = self.steps[k], self.calls[k]

@@ -130,14 +130,24 @@ def _overlap(a: StridedView, b: StridedView) -> bool:
 
 
 def fold_activations(
-    steps: Sequence[st.Step], outputs: Sequence[StridedView], candidates: Collection[int]
-) -> tuple[list[st.Step | Folded], dict[int, tuple[PostOp, ...]]]:
+    steps: Sequence[st.Step],
+    outputs: Sequence[StridedView],
+    candidates: Collection[int],
+    scratch: int | None = None,
+) -> tuple[list[st.Step | Folded], dict[int, tuple[PostOp, ...]], int]:
     """The steps with every foldable activation folded into the convolution before it
-    (`candidates`: the conv steps oneDNN will run), and the post-ops of each such convolution."""
+    (`candidates`: the conv steps oneDNN will run), the post-ops of each such convolution, and
+    the scratch bytes used past offset `scratch` (64-byte aligned; None: use none).
+
+    Where y takes the bytes of the convolution's own input (the planner's ping-pong of two
+    buffers), the result goes to a scratch slot instead and the steps that read y while it
+    lives read it there; slots are reused once their tensor is dead."""
     out: list[st.Step | Folded] = list(steps)
     posts: dict[int, tuple[PostOp, ...]] = {}
+    slots: list[tuple[int, int, int]] = []  # (offset, bytes, last step reading it)
+    top = 0
     for k in sorted(candidates):
-        conv, nxt = steps[k], steps[k + 1] if k + 1 < len(steps) else None
+        conv, nxt = out[k], out[k + 1] if k + 1 < len(out) else None
         if not isinstance(conv, st.Conv) or not isinstance(nxt, st.Elementwise):
             continue
         if not is_flat(nxt) or len(nxt.inputs) != 1 or len(nxt.outputs) != 1:
@@ -147,15 +157,73 @@ def fold_activations(
             continue
         if y.dtype is not t.dtype or y.numel != t.numel:
             continue
-        if y.byte_extent() != t.byte_extent() and any(_overlap(y, r) for r in conv.reads()):
-            continue
         ops = post_ops(nxt.program)
-        if ops is None or not _dead_after(steps, outputs, k + 1, t):
+        if ops is None or not _dead_after(out, outputs, k + 1, t):
             continue
-        out[k] = dataclasses.replace(conv, out=StridedView.dense(y.offset, t.shape, t.dtype))
+        if y.byte_extent() == t.byte_extent() or not any(_overlap(y, r) for r in conv.reads()):
+            out[k] = dataclasses.replace(conv, out=StridedView.dense(y.offset, t.shape, t.dtype))
+        else:  # y takes the bytes of the conv's input: it lives in a scratch slot instead
+            if scratch is None:
+                continue
+            size = -(-t.nbytes // 64) * 64
+            free = [o for o, b, last in slots if last < k and b >= size]
+            off = free[0] if free else scratch + top
+            moved = _moved(out, outputs, k + 1, y, off)
+            if moved is None:
+                continue
+            later, last = moved
+            out[k + 2 :] = later
+            out[k] = dataclasses.replace(conv, out=StridedView.dense(off, t.shape, t.dtype))
+            if free:
+                slots = [(o, b, last if o == off else e) for o, b, e in slots]
+            else:
+                slots.append((off, size, last))
+                top += size
         out[k + 1] = Folded(k, nxt)
         posts[k] = ops
-    return out, posts
+    return out, posts, top
+
+
+def _moved(
+    steps: Sequence[st.Step | Folded],
+    outputs: Sequence[StridedView],
+    j: int,
+    y: StridedView,
+    offset: int,
+) -> tuple[list[st.Step | Folded], int] | None:
+    """The steps after j with every read of y moved to `offset` (a scratch slot no plan step
+    touches), and the last step that reads it there; None when that is not sound: y is a plan
+    output, a step reads y through a view not inside it, updates it in place or overwrites
+    part of it while it lives."""
+    ylo, yhi = y.byte_extent()
+    shift = offset - y.offset
+
+    def inside(v: StridedView) -> bool:
+        lo, hi = v.byte_extent()
+        return ylo <= lo and hi <= yhi
+
+    out: list[st.Step | Folded] = []
+    alive, last = True, j
+    for i, s in enumerate(steps[j + 1 :], start=j + 1):
+        if not alive or isinstance(s, Folded):
+            out.append(s)
+            continue
+        reads = [r for r in s.reads() if _overlap(r, y)]
+        if any(not inside(r) for r in reads):
+            return None
+        writes = s.writes()
+        ends = any(w.byte_extent()[0] <= ylo and yhi <= w.byte_extent()[1] for w in writes)
+        if any(_overlap(w, y) for w in writes) and (reads or not ends):
+            return None  # y updated in place, or partly overwritten
+        if reads:
+            moved = {r: r.with_offset(r.offset + shift) for r in reads}
+            s = st.map_views(s, lambda v, m=moved: m.get(v, v))  # type: ignore[arg-type,assignment,misc]
+            last = i
+        out.append(s)
+        alive = not ends
+    if alive and any(_overlap(o, y) for o in outputs):
+        return None
+    return out, last
 
 
 def _dead_after(

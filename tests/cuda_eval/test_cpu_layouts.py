@@ -285,7 +285,7 @@ def test_activation_programs_map_to_oneDNN_eltwise_ops() -> None:
         assert fuse.post_ops(bad) is None, bad  # type: ignore[arg-type]
 
 
-def _act_graph(kind: str) -> Graph:
+def _act_graph(kind: str, keep_x: bool = True) -> Graph:
     g = Graph()
     x = g.input((1, 16, 9, 9), DType.F32, "x")
     t = g.conv(x, g.constant(_w(32, 16, 3, 3)), padding=(1, 1))
@@ -301,9 +301,10 @@ def _act_graph(kind: str) -> Graph:
         raise AssertionError(kind)
     z = g.conv(y, g.constant(_w(8, 32, 1, 1)))
     g.add_output(g.reduce(z, [2, 3], ReduceOp.MEAN), "z")
-    # x read at the end: y cannot take x's bytes (a conv cannot write over its own input, and
-    # such a step stays unfolded)
-    g.add_output(g.reduce(x, [2, 3], ReduceOp.MAX), "x_max")
+    if keep_x:  # x read at the end: y cannot take x's bytes (else see the ping-pong test)
+        g.add_output(g.reduce(x, [2, 3], ReduceOp.MAX), "x_max")
+    else:  # y also read by a compiled step (it must read y where it moved)
+        g.add_output(g.reduce(y, [1], ReduceOp.MAX), "y_max")
     return g
 
 
@@ -330,3 +331,27 @@ def test_mobilenet_fixture_folds_its_relu6() -> None:
             assert_close(got, ref, f"mobilenetv2_ts {binds}")
         n = sum("folded into step" in name for name in ex.names)
         assert (n > 0) == HAVE, ex.names
+
+
+def test_an_activation_over_the_convolutions_input_moves_to_a_scratch_slot() -> None:
+    """The planner's ping-pong: y = silu(conv(x)) takes x's bytes, which the convolution still
+    reads; folded, the result goes to a slot past the arena and y's readers read it there."""
+    from kn_cuda_eval.cpu import fuse
+
+    g = _act_graph("silu", keep_x=False)
+    p = plan(g)
+    c0 = _convs(p)[0]
+    act = p.steps[c0 + 1]
+    assert isinstance(act, st.Elementwise)
+    x = p.steps[c0].x
+    assert act.outputs[0].byte_extent()[0] < x.byte_extent()[1]  # the overlap this is about
+    steps, posts, used = fuse.fold_activations(p.steps, p.outputs, _convs(p), p.arena_size)
+    assert c0 in posts and used >= p.steps[c0].out.nbytes
+    assert steps[c0].out.offset >= p.arena_size  # type: ignore[union-attr]
+    assert steps[c0 + 2].x.offset == steps[c0].out.offset  # type: ignore[union-attr]
+    feed = [(RNG.standard_normal((1, 16, 9, 9)) * 3).astype(np.float32)]
+    ex = HostExecutor(p, threads=2)
+    for _ in range(2):
+        for got, ref in zip(ex.eval(feed), evaluate(g, feed), strict=True):
+            assert_close(got, ref, "moved")
+    assert (ex.arena.size > p.arena_size) == HAVE
