@@ -356,7 +356,7 @@ def test_packed_weights_are_not_held_twice() -> None:
     assert _resident(ex.arena.ctypes.data) <= ex.plan.arena_size + 4096 - ex._release.released
 
 
-@pytest.mark.parametrize("layout", ["dense", "transposed q and k"])
+@pytest.mark.parametrize("layout", ["dense", "transposed q and k", "masked"])
 def test_large_attention_as_gemms_matches_the_reference(
     layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -367,18 +367,28 @@ def test_large_attention_as_gemms_matches_the_reference(
     monkeypatch.setattr(attention, "BLOCK_BYTES", 100 * 1024)
     rng = np.random.default_rng(11)
     g = Graph()
-    if layout == "dense":
-        q = g.input(Shape.of(3, 600, 16), DType.F32, "q")
-        k = g.input(Shape.of(3, 500, 16), DType.F32, "k")
-        shapes = [(3, 600, 16), (3, 500, 16)]
-    else:  # [b, d, m] stored, read as [b, m, d]
+    if layout == "transposed q and k":  # [b, d, m] stored, read as [b, m, d]
         q = g.permute(g.input(Shape.of(3, 16, 600), DType.F32, "q"), [0, 2, 1])
         k = g.permute(g.input(Shape.of(3, 16, 500), DType.F32, "k"), [0, 2, 1])
         shapes = [(3, 16, 600), (3, 16, 500)]
+    else:
+        q = g.input(Shape.of(3, 600, 16), DType.F32, "q")
+        k = g.input(Shape.of(3, 500, 16), DType.F32, "k")
+        shapes = [(3, 600, 16), (3, 500, 16)]
     v = g.input(Shape.of(3, 500, 24), DType.F32, "v")
-    g.add_output(g.attention(q, k, v, scale=0.3), "o")
-    feed = [(rng.standard_normal(s) * 2).astype(np.float32) for s in [*shapes, (3, 500, 24)]]
+    mask = None
+    if layout == "masked":  # one mask row per query, shared by the batch
+        mask = g.broadcast(g.input(Shape.of(1, 600, 500), DType.F32, "mask"), [3, 600, 500])
+        shapes.append((1, 600, 500))
+    g.add_output(g.attention(q, k, v, mask=mask, scale=0.3), "o")
+    feed = [(rng.standard_normal(s) * 2).astype(np.float32) for s in shapes]
+    feed.insert(2, (rng.standard_normal((3, 500, 24)) * 2).astype(np.float32))
+    if layout == "masked":
+        feed[3] = np.where(feed[3] > 1.0, -np.inf, feed[3]).astype(np.float32)
     p = plan(g)
+    assert [s.mask is not None for s in p.steps if isinstance(s, steps.Attention)] == [
+        layout == "masked"
+    ]
     ex = HostExecutor(p, threads=2)
     for _ in range(2):
         assert_close(ex.eval(feed)[0], evaluate(g, feed)[0], layout)
@@ -389,17 +399,16 @@ def test_large_attention_as_gemms_matches_the_reference(
     assert_close(view_array(ex.arena, p.outputs[0]).copy(), evaluate(g, feed)[0], "profiled")
 
 
-def test_small_or_masked_attention_stays_one_fused_step() -> None:
+def test_small_or_causal_attention_stays_one_fused_step() -> None:
     from kn_cuda_eval.cpu import attention
 
     g = Graph()
-    q = g.input(Shape.of(2, 64, 16), DType.F32, "q")
+    q = g.input(Shape.of(2, 32, 16), DType.F32, "q")
     g.add_output(g.attention(q, q, q), "o")
     a = next(s for s in plan(g).steps if isinstance(s, steps.Attention))
-    assert attention.split_attention(a, 0) is None  # 4k scores: the fused kernel
+    assert attention.split_attention(a, 0) is None  # 1k scores a head: the fused kernel
     g = Graph()
     q = g.input(Shape.of(2, 600, 16), DType.F32, "q")
-    m = g.input(Shape.of(2, 600, 600), DType.F32, "m")
-    g.add_output(g.attention(q, q, q, mask=m), "o")
+    g.add_output(g.attention(q, q, q, causal=True), "o")
     a = next(s for s in plan(g).steps if isinstance(s, steps.Attention))
-    assert a.mask is not None and attention.split_attention(a, 0) is None
+    assert a.causal and attention.split_attention(a, 0) is None
