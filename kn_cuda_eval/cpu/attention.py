@@ -4,7 +4,8 @@ The planner's Attention step is one fused kernel (online softmax, nothing materi
 for a GPU and for short sequences, but on the CPU its inner products run far below the GEMM
 primitives' speed. The SD 1.5 UNet's self-attention (2·8 heads, 4096 tokens, head dim 40) took
 1.0 s a step that way, 6.4 s of a 14 s UNet step, where onnxruntime runs MatMul, Softmax,
-MatMul. So an attention with at least `MIN_SCORES` scores per head (F32, not causal; an
+MatMul. So an attention with at least `MIN_SCORES` scores per head and a head dim of at least
+`MIN_HEAD_DIM` (F32, not causal; an
 additive mask is read by the softmax) runs per (batch, head) and block of query rows as
 
     S = scale · q_blk · kᵀ   (a GEMM into scratch)       P = softmax(S + mask_blk)   (kernel)
@@ -25,11 +26,13 @@ from kn_graph.dtype import DType
 from kn_graph.errors import PlanError
 from kn_graph.ops import BinaryOp
 
-__all__ = ["BLOCK_BYTES", "MIN_SCORES", "split_attention"]
+__all__ = ["BLOCK_BYTES", "MIN_HEAD_DIM", "MIN_SCORES", "split_attention"]
 
 # scores per (batch, head) from which GEMMs beat the fused kernel (2 threads, AVX-512):
 # ViT-B/16 (197 tokens) 211 -> 150 ms, BERT-base (128) 143 -> 93 ms; at 1,024 BERT was slower
 MIN_SCORES = 4096
+# and from this head dim: with d = 2-4 (the tiny SD UNet) the GEMMs lose, 4.7 ms vs 3.2-3.6 ms
+MIN_HEAD_DIM = 16
 BLOCK_BYTES = 16 << 20  # scores of one block of query rows
 
 
@@ -53,7 +56,7 @@ def split_attention(
         return None
     b1, b2, m, d = q.shape
     n, dv = k.shape[2], v.shape[3]
-    if m * n < MIN_SCORES or d == 0 or dv == 0:
+    if m * n < MIN_SCORES or min(d, dv) < MIN_HEAD_DIM:
         return None
     rows = max(1, min(m, BLOCK_BYTES // (4 * n)))
     size = rows * n * 4

@@ -408,6 +408,11 @@ def test_small_or_causal_attention_stays_one_fused_step() -> None:
     a = next(s for s in plan(g).steps if isinstance(s, steps.Attention))
     assert attention.split_attention(a, 0) is None  # 1k scores a head: the fused kernel
     g = Graph()
+    q = g.input(Shape.of(2, 600, 4), DType.F32, "q")
+    g.add_output(g.attention(q, q, q), "o")
+    a = next(s for s in plan(g).steps if isinstance(s, steps.Attention))
+    assert attention.split_attention(a, 0) is None  # head dim 4: the fused kernel
+    g = Graph()
     q = g.input(Shape.of(2, 600, 16), DType.F32, "q")
     g.add_output(g.attention(q, q, q, causal=True), "o")
     a = next(s for s in plan(g).steps if isinstance(s, steps.Attention))
