@@ -1,6 +1,8 @@
 """Devices and prepared graphs: `Device.best().prepare(graph, batch_size).eval(inputs)`.
 
-The CPU device runs the NumPy reference executor. CUDA devices run `kn_cuda_eval`'s
+The CPU device runs the planner's plan on the host (`kn_cuda_eval.cpu`: compiled C steps,
+oneDNN convolutions and GEMMs); `Device.cpu(reference=True)` runs the NumPy reference executor,
+the oracle of every test. CUDA devices run `kn_cuda_eval`'s
 `CudaExecutor` (one per binding of the size symbols, built on first use and cached) when CuPy, a
 driver and a GPU work; `Device.best()` probes for one without ever crashing and falls back to the
 CPU.
@@ -45,7 +47,7 @@ class Device:
     """CPU only: run the planner's plan on the host (fused steps compiled as C, convolutions and
     GEMMs through oneDNN: `kn_cuda_eval.cpu`) instead of the NumPy reference executor."""
     threads: int | None = None
-    """Intra-op threads of the fast CPU backend (None: the cores the process may use)."""
+    """Intra-op threads of the CPU backend (None: the cores the process may use)."""
 
     @staticmethod
     def cpu(
@@ -277,7 +279,7 @@ class SegmentedCudaPreparedGraph(PreparedGraph):
 
 
 class HostDevicePreparedGraph(PreparedGraph):
-    """A graph on the fast CPU backend (`Device.cpu(fast=True)`): one plan and
+    """A graph on the CPU backend (`Device.cpu()`): one plan and
     `kn_cuda_eval.cpu.executor.HostExecutor` per binding; a graph with data-dependent ops runs
     in segments (`kn_cuda_eval.segments`), one executor per segment and binding."""
 
