@@ -5,10 +5,10 @@ for a GPU and for short sequences, but on the CPU its inner products run far bel
 primitives' speed. The SD 1.5 UNet's self-attention (2·8 heads, 4096 tokens, head dim 40) took
 1.0 s a step that way, 6.4 s of a 14 s UNet step, where onnxruntime runs MatMul, Softmax,
 MatMul. So an attention with at least `MIN_SCORES` scores per head and a head dim of at least
-`MIN_HEAD_DIM` (F32, not causal; an
-additive mask is read by the softmax) runs per (batch, head) and block of query rows as
+`MIN_HEAD_DIM` (F32; an additive mask and the causal diagonal are applied by the softmax)
+runs per (batch, head) and block of query rows as
 
-    S = scale · q_blk · kᵀ   (a GEMM into scratch)       P = softmax(S + mask_blk)   (kernel)
+    S = scale · q_blk · kᵀ   (a GEMM into scratch)   P = softmax(causal?(S + mask_blk)) (kernel)
     out_blk = P · v          (a GEMM into the output's rows)
 
 with blocks of at most `BLOCK_BYTES` of scores, so the scratch stays small. The pieces are
@@ -18,9 +18,11 @@ runners and compiled kernels as the rest of the plan.
 
 from __future__ import annotations
 
+import math
+
 from kn_cuda_eval import steps as st
 from kn_cuda_eval.gemm import plan_gemm
-from kn_cuda_eval.program import Bin, Load, Program
+from kn_cuda_eval.program import Bin, Const, Index, Instr, Load, Program, Sel
 from kn_cuda_eval.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.errors import PlanError
@@ -50,7 +52,7 @@ def split_attention(
     """The steps computing `s` with scores and probabilities in the arena at `scratch` (64-byte
     aligned) and the scratch bytes they need; None when `s` stays one fused step."""
     q, k, v, out = s.q, s.k, s.v, s.out
-    if s.causal or any(x.dtype is not DType.F32 for x in (q, k, v, out)):
+    if any(x.dtype is not DType.F32 for x in (q, k, v, out)):
         return None
     if s.mask is not None and s.mask.dtype is not DType.F32:
         return None
@@ -74,14 +76,7 @@ def split_attention(
                     sv = StridedView.dense(s_off, (1, r, n), F32)
                     pv = StridedView.dense(p_off, (1, r, n), F32)
                     mm1 = plan_gemm(qb, kt, sv, s.scale, _refuse)
-                    if s.mask is None:
-                        x = st.Expr((r, n), (_rows(sv),), (), Program((Load(0, F32),), (0,)))
-                    else:  # softmax(S + mask), the mask's rows of this block
-                        mb = _rows(_head(s.mask, i, j).slice(1, r0, 1, r))
-                        add = Program(
-                            (Load(0, F32), Load(1, F32), Bin(BinaryOp.ADD, 0, 1, F32)), (2,)
-                        )
-                        x = st.Expr((r, n), (_rows(sv), mb), (), add)
+                    x = _scores(s, i, j, r0, r, n, m, _rows(sv))
                     sm = st.Softmax(x, _rows(pv))
                     mm2 = plan_gemm(pv, vh, ob, 1.0, _refuse)
                     if not isinstance(mm1, st.MatMul) or not isinstance(mm2, st.MatMul):
@@ -93,6 +88,36 @@ def split_attention(
 
 
 F32 = DType.F32
+I64 = DType.I64
+
+
+def _scores(
+    s: st.Attention, i: int, j: int, r0: int, r: int, n: int, m: int, scores: StridedView
+) -> st.Expr:
+    """The softmax's input for query rows [r0, r0 + r) of head (i, j): the scores, plus the
+    mask's rows, with keys past the causal diagonal (key > query + n - m) set to -inf."""
+    ins = [scores]
+    instrs: list[Instr] = [Load(0, F32)]
+    x = 0
+    if s.mask is not None:
+        ins.append(_rows(_head(s.mask, i, j).slice(1, r0, 1, r)))
+        instrs += [Load(1, F32), Bin(BinaryOp.ADD, 0, 1, F32)]
+        x = len(instrs) - 1
+    idx: tuple[StridedView, ...] = ()
+    if s.causal:  # index views: the query row r0 + a, the key column b
+        idx = (StridedView(8 * r0, (r, n), (1, 0), I64), StridedView(0, (r, n), (0, 1), I64))
+        base = len(instrs)
+        instrs += [
+            Index(0, I64),
+            Index(1, I64),
+            Const(n - m, I64),
+            Bin(BinaryOp.ADD, base, base + 2, I64),
+            Bin(BinaryOp.GT, base + 1, base + 3, DType.BOOL),
+            Const(-math.inf, F32),
+            Sel(base + 4, base + 5, x, F32),
+        ]
+        x = len(instrs) - 1
+    return st.Expr((r, n), tuple(ins), idx, Program(tuple(instrs), (x,)))
 
 
 def _head(x: StridedView, i: int, j: int) -> StridedView:

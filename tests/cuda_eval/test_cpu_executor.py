@@ -356,7 +356,7 @@ def test_packed_weights_are_not_held_twice() -> None:
     assert _resident(ex.arena.ctypes.data) <= ex.plan.arena_size + 4096 - ex._release.released
 
 
-@pytest.mark.parametrize("layout", ["dense", "transposed q and k", "masked"])
+@pytest.mark.parametrize("layout", ["dense", "transposed q and k", "masked", "causal"])
 def test_large_attention_as_gemms_matches_the_reference(
     layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -371,16 +371,18 @@ def test_large_attention_as_gemms_matches_the_reference(
         q = g.permute(g.input(Shape.of(3, 16, 600), DType.F32, "q"), [0, 2, 1])
         k = g.permute(g.input(Shape.of(3, 16, 500), DType.F32, "k"), [0, 2, 1])
         shapes = [(3, 16, 600), (3, 16, 500)]
-    else:
-        q = g.input(Shape.of(3, 600, 16), DType.F32, "q")
+    else:  # causal: 400 queries over 500 keys, the diagonal offset by 100
+        m = 400 if layout == "causal" else 600
+        q = g.input(Shape.of(3, m, 16), DType.F32, "q")
         k = g.input(Shape.of(3, 500, 16), DType.F32, "k")
-        shapes = [(3, 600, 16), (3, 500, 16)]
+        shapes = [(3, m, 16), (3, 500, 16)]
     v = g.input(Shape.of(3, 500, 24), DType.F32, "v")
     mask = None
     if layout == "masked":  # one mask row per query, shared by the batch
         mask = g.broadcast(g.input(Shape.of(1, 600, 500), DType.F32, "mask"), [3, 600, 500])
         shapes.append((1, 600, 500))
-    g.add_output(g.attention(q, k, v, mask=mask, scale=0.3), "o")
+    causal = layout == "causal"
+    g.add_output(g.attention(q, k, v, mask=mask, scale=0.3, causal=causal), "o")
     feed = [(rng.standard_normal(s) * 2).astype(np.float32) for s in shapes]
     feed.insert(2, (rng.standard_normal((3, 500, 24)) * 2).astype(np.float32))
     if layout == "masked":
@@ -399,7 +401,7 @@ def test_large_attention_as_gemms_matches_the_reference(
     assert_close(view_array(ex.arena, p.outputs[0]).copy(), evaluate(g, feed)[0], "profiled")
 
 
-def test_small_or_causal_attention_stays_one_fused_step() -> None:
+def test_small_attention_stays_one_fused_step() -> None:
     from kn_cuda_eval.cpu import attention
 
     g = Graph()
@@ -412,8 +414,3 @@ def test_small_or_causal_attention_stays_one_fused_step() -> None:
     g.add_output(g.attention(q, q, q), "o")
     a = next(s for s in plan(g).steps if isinstance(s, steps.Attention))
     assert attention.split_attention(a, 0) is None  # head dim 4: the fused kernel
-    g = Graph()
-    q = g.input(Shape.of(2, 600, 16), DType.F32, "q")
-    g.add_output(g.attention(q, q, q, causal=True), "o")
-    a = next(s for s in plan(g).steps if isinstance(s, steps.Attention))
-    assert a.causal and attention.split_attention(a, 0) is None
