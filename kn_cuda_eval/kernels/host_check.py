@@ -209,32 +209,43 @@ def harvest(module: ModuleType) -> list[Case]:
     """Run every test of `module` (each parametrization) with a `check_plan` that plans the
     graph as the real one does and records the plans instead of checking them; tests that fail
     under it (they expect an error from the emulator, say) are left out, with a log line."""
-    recorded: list[Case] = []
-    test = ""
 
-    def record(
-        graph: Graph, inputs: Inputs, *args: Any, expected: object = None, **kw: Any
-    ) -> list[Plan]:
-        """tests.cuda_eval.helpers.check_plan's signature; `expected` is for checking only."""
-        snapshot = (
-            dict(inputs) if isinstance(inputs, Mapping) else list(inputs)
-        )  # tests reuse lists
-        got = plan_cases(f"{module.__name__}::{test}", graph, snapshot, *args, **kw)
-        recorded.extend(got)
-        return [c.plan for c in got]
+    def recorder(label: str, sink: list[Case]) -> Callable[..., list[Plan]]:
+        def record(
+            graph: Graph, inputs: Inputs, *args: Any, expected: object = None, **kw: Any
+        ) -> list[Plan]:
+            """tests.cuda_eval.helpers.check_plan's signature; `expected` is for checking."""
+            snapshot = dict(inputs) if isinstance(inputs, Mapping) else list(inputs)
+            got = plan_cases(label, graph, snapshot, *args, **kw)  # (tests reuse their lists)
+            sink.extend(got)
+            return [c.plan for c in got]
 
-    out: list[Case] = []
+        return record
+
+    return run_planner_tests(module, recorder, lambda p: distinct_kernels(p.kernels()))
+
+
+def run_planner_tests(
+    module: ModuleType,
+    recorder: Callable[[str, list[Any]], Callable[..., list[Plan]]],
+    compile_all: Callable[[Plan], object],
+) -> list[Any]:
+    """Every test of a planner test module (each parametrization) run with its `check_plan`
+    replaced by `recorder(label, sink)` and its `compile_all` by `compile_all` (no NVRTC): what
+    the recorders put in their sinks, for the tests that ran through; tests that fail under it
+    (they expect an error from the emulator, say) are left out, with a log line."""
+    out: list[Any] = []
     saved = {n: getattr(module, n) for n in ("check_plan", "compile_all") if hasattr(module, n)}
-    module.check_plan = record  # type: ignore[attr-defined]
-    if "compile_all" in saved:  # NVRTC is not needed here
-        module.compile_all = lambda p: distinct_kernels(p.kernels())  # type: ignore[attr-defined]
+    if "compile_all" in saved:
+        module.compile_all = compile_all  # type: ignore[attr-defined]
     try:
         for name, fn in vars(module).items():
             if not name.startswith("test_") or not callable(fn):
                 continue
             for params in parametrizations(fn):
                 test = name + (f"[{'-'.join(map(str, params.values()))}]" if params else "")
-                recorded.clear()
+                sink: list[Any] = []
+                module.check_plan = recorder(f"{module.__name__}::{test}", sink)  # type: ignore[attr-defined]
                 try:
                     fn(**params)
                 except (KeyboardInterrupt, SystemExit):
@@ -242,7 +253,7 @@ def harvest(module: ModuleType) -> list[Case]:
                 except BaseException as e:  # its assertions, pytest.raises/skip: not a plain run
                     log.info("%s::%s left out: %s: %s", module.__name__, test, type(e).__name__, e)
                     continue
-                out += recorded
+                out += sink
     finally:
         for n, v in saved.items():
             setattr(module, n, v)

@@ -23,7 +23,7 @@ from kn_cuda_eval import Plan, PlanSettings, plan, steps
 from kn_cuda_eval.cpu import build
 from kn_cuda_eval.cpu.executor import HostExecutor, HostLibrary, HostPreparedGraph
 from kn_cuda_eval.emulator import view_array
-from kn_cuda_eval.kernels.host_check import parametrizations
+from kn_cuda_eval.kernels.host_check import run_planner_tests
 from kn_graph import DType, Graph, ReduceOp, Shape, UnaryOp
 from kn_graph.cpu import evaluate
 from kn_graph.errors import EvaluationError, KnError
@@ -75,53 +75,32 @@ def _harvest(module: ModuleType) -> list[Case]:
     """Every test of a planner test module run with a `check_plan` that records its graphs,
     inputs, plans and the reference executor's outputs; tests that do not run through (they
     expect an error) are left out."""
-    recorded: list[Case] = []
-    label = ""
 
-    def record(
-        graph: Graph,
-        inputs: Inputs,
-        batch: int | None = None,
-        bindings: Mapping[str, int] | None = None,
-        *,
-        optimized: bool = True,
-        settings: PlanSettings | None = None,
-        expected: Sequence[np.ndarray] | None = None,
-    ) -> list[Plan]:
-        snap = dict(inputs) if isinstance(inputs, Mapping) else list(inputs)
-        ref = list(expected) if expected is not None else evaluate(graph, snap, batch)
-        graphs = [("unoptimized", graph)] + ([("optimized", optimize(graph))] if optimized else [])
-        plans = []
-        for how, g in graphs:
-            p = plan(g, batch, bindings, settings)
-            plans.append(p)
-            recorded.append(Case(f"{label} ({how})", g, p, snap, ref))
-        return plans
+    def recorder(label: str, sink: list[Case]) -> Callable[..., list[Plan]]:
+        def record(
+            graph: Graph,
+            inputs: Inputs,
+            batch: int | None = None,
+            bindings: Mapping[str, int] | None = None,
+            *,
+            optimized: bool = True,
+            settings: PlanSettings | None = None,
+            expected: Sequence[np.ndarray] | None = None,
+        ) -> list[Plan]:
+            snap = dict(inputs) if isinstance(inputs, Mapping) else list(inputs)
+            ref = list(expected) if expected is not None else evaluate(graph, snap, batch)
+            graphs = [("unoptimized", graph)]
+            graphs += [("optimized", optimize(graph))] if optimized else []
+            plans = []
+            for how, g in graphs:
+                p = plan(g, batch, bindings, settings)
+                plans.append(p)
+                sink.append(Case(f"{label} ({how})", g, p, snap, ref))
+            return plans
 
-    saved = {n: getattr(module, n) for n in ("check_plan", "compile_all") if hasattr(module, n)}
-    module.check_plan = record  # type: ignore[attr-defined]
-    if "compile_all" in saved:
-        module.compile_all = lambda p: []  # type: ignore[attr-defined]
-    out: list[Case] = []
-    try:
-        for name, fn in vars(module).items():
-            if not name.startswith("test_") or not callable(fn):
-                continue
-            for params in parametrizations(fn):
-                label = f"{module.__name__}::{name}{list(params.values()) if params else ''}"
-                recorded.clear()
-                try:
-                    fn(**params)
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except BaseException as e:
-                    logging.getLogger(__name__).info("%s left out: %s", label, e)
-                    continue
-                out += recorded
-    finally:
-        for n, v in saved.items():
-            setattr(module, n, v)
-    return out
+        return record
+
+    return run_planner_tests(module, recorder, lambda p: [])
 
 
 @functools.cache
