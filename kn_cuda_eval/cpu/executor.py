@@ -372,8 +372,6 @@ class HostExecutor:
         self._release = _Release(plan, self._mm)
         self._composite: dict[int, list[Any]] = {}  # split attention: runners and C calls
         for k in range(len(plan.steps)):
-            if isinstance(self.steps[k], fuse.Folded):
-                self.calls[k] = None
             pieces = self._pieces(k, dnn) if k in self._split else None
             if pieces is not None:
                 self._composite[k] = pieces
@@ -654,7 +652,7 @@ def _check_bound(graph: Graph, bindings: Mapping[str, int]) -> None:
     that needs it (not a PlanError from deep inside the planner)."""
     for v in graph.values():
         for d in graph[v].shape.dims:
-            free = sorted(d.symbols - bindings.keys()) if hasattr(d, "symbols") else []
+            free = sorted(d.symbols - bindings.keys())
             if free:
                 raise ShapeMismatchError(
                     f"while computing {graph.format_value(v)}: no value for size symbol "

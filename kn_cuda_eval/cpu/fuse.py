@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from kn_cuda_eval import steps as st
 from kn_cuda_eval.cpu.layouts import is_flat
-from kn_cuda_eval.cpu.onednn import PostOp
+from kn_cuda_eval.cpu.onednn import ELTWISE_RELU, PostOp
 from kn_cuda_eval.program import Bin, Const, Load, Program, Un
 from kn_cuda_eval.view import StridedView
 from kn_graph.ops import BinaryOp, UnaryOp
@@ -35,7 +35,7 @@ __all__ = ["ELTWISE", "Folded", "PostOp", "fold_activations", "post_ops"]
 
 # dnnl_alg_kind_t (dnnl_types.h; stable across oneDNN 3.x)
 ELTWISE = {
-    "relu": 0x20,
+    "relu": ELTWISE_RELU,
     "tanh": 0x21,
     "logistic": 0x29,
     "gelu_tanh": 0x2B,
