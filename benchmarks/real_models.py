@@ -176,8 +176,14 @@ def feeds_for(path: Path) -> dict:
     import numpy as np
     import onnx
 
+    from kn_graph.onnx.mapped import MappedFile, strip_initializers
+
     rng = np.random.default_rng(0)
-    m = onnx.load(str(path), load_external_data=False)
+    # the graph without the weights' bytes: a whole onnx.load would set the process's peak
+    # RSS of the phase-3 children (both sides) to twice the weights
+    mf = MappedFile(path)
+    stripped = strip_initializers(mf.map) if mf.map is not None else None
+    m = onnx.load_from_string(stripped) if stripped else onnx.load(str(path))
     inits = {i.name for i in m.graph.initializer}
     out = {}
     for i in m.graph.input:

@@ -77,7 +77,8 @@ class Tensor:
             arr = arr.copy()
             arr.flags.writeable = False
         object.__setattr__(self, "array", arr)
-        h = hashlib.blake2b(arr.tobytes(), digest_size=16)
+        # hashed in place (a mapped initializer is read once, not copied)
+        h = hashlib.blake2b(memoryview(arr.reshape(-1).view(np.uint8)), digest_size=16)
         h.update(f"{arr.dtype.str}{arr.shape}".encode())
         object.__setattr__(self, "digest", h.hexdigest())
 

@@ -106,3 +106,154 @@ def test_5000_node_chain_loads_and_evaluates() -> None:
     assert len(g) > n
     x = np.array([-3.0, 0.0, 1.0, 2.0], np.float32)
     np.testing.assert_array_equal(evaluate(g, [x])[0], np.maximum(x, 0) + n // 2)
+
+
+# -- initializers mapped from the file (kn_graph.onnx.mapped) -----------------------------------
+
+
+def _root(arr: np.ndarray) -> object:
+    base: object = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def _mlp_with_odd_names(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """x @ w_i + b_i, relu, for weights whose names have 1 to 4 letters (so some raw data
+    sits at offsets that are not a multiple of 4 in the file), a small bias kept inline."""
+    arrays: dict[str, np.ndarray] = {}
+    nodes, inits, prev = [], [], "x"
+    for i, name in enumerate(["a", "bb", "ccc", "dddd"]):
+        arrays[name] = rng.standard_normal((48, 48)).astype(np.float32)  # 9 KB: mapped
+        arrays[f"bias{i}"] = rng.standard_normal(48).astype(np.float32)  # 192 B: inline
+        nodes += [
+            helper.make_node("MatMul", [prev, name], [f"m{i}"]),
+            helper.make_node("Add", [f"m{i}", f"bias{i}"], [f"s{i}"]),
+            helper.make_node("Relu", [f"s{i}"], [f"h{i}"]),
+        ]
+        prev = f"h{i}"
+    inits = [numpy_helper.from_array(a, n) for n, a in arrays.items()]
+    m = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 48])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)],
+        inits,
+    )
+    return m, arrays
+
+
+def _constants(g) -> dict[str, np.ndarray]:
+    """The graph's constant arrays by their bytes (names are not kept)."""
+    from kn_graph.ops import Constant
+
+    return {
+        g[v].op.tensor.digest: g[v].op.tensor.array
+        for v in g.values()
+        if isinstance(g[v].op, Constant)
+    }
+
+
+def test_large_initializers_are_views_of_the_model_file(tmp_path) -> None:
+    """A model given by path keeps its large initializers in the file (read-only views of a
+    map, unaligned ones included); the small ones and `mmap=False` are copies. Both give
+    onnxruntime's results."""
+    import mmap
+
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(5)
+    m, arrays = _mlp_with_odd_names(rng)
+    path = tmp_path / "mlp.onnx"
+    onnx.save_model(m, path)
+    x = rng.standard_normal((3, 48)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    g = load_onnx(path)
+    consts = list(_constants(g).values())
+    mapped = [a for a in consts if isinstance(_root(a), mmap.mmap)]
+    assert sorted(a.size for a in mapped) == [48 * 48] * 4  # the weights, not the biases
+    assert all(not a.flags.writeable for a in mapped)
+    assert any(not a.flags.aligned for a in mapped), "expected an unaligned weight"
+    for a in mapped:
+        assert any(np.array_equal(a, w) for w in arrays.values())
+    np.testing.assert_allclose(evaluate(g, [x])[0], want[0], rtol=1e-5, atol=1e-5)
+    copied = load_onnx(path, mmap=False)
+    assert not any(isinstance(_root(a), mmap.mmap) for a in _constants(copied).values())
+    np.testing.assert_allclose(evaluate(copied, [x])[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_external_data_is_mapped(tmp_path) -> None:
+    import mmap
+
+    w = np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32)
+    m = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")],
+    )
+    onnx.save_model(
+        m, tmp_path / "m.onnx", save_as_external_data=True, location="w.bin", size_threshold=0
+    )
+    g = load_onnx(tmp_path / "m.onnx")
+    (arr,) = _constants(g).values()
+    assert isinstance(_root(arr), mmap.mmap)
+    x = np.ones((2, 64), np.float32)
+    np.testing.assert_allclose(evaluate(g, [x])[0], x @ w, rtol=1e-5)
+
+
+def test_stripped_model_parses_to_the_same_tensors(tmp_path) -> None:
+    """`strip_initializers` leaves everything but the large raw data as it was: the parsed
+    proto equals the original once the references are read back, and initializers inside a
+    subgraph stay inline."""
+    from kn_graph.onnx.mapped import MAPPED_LOCATION, MappedFile, strip_initializers
+
+    rng = np.random.default_rng(2)
+    m, _ = _mlp_with_odd_names(rng)
+    inner = numpy_helper.from_array(rng.standard_normal((40, 40)).astype(np.float32), "inner")
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["inner"], ["o"])],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)],
+        initializer=[inner],
+    )
+    m.graph.node.append(
+        helper.make_node("If", ["cond"], ["z"], then_branch=branch, else_branch=branch)
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save_model(m, path)
+    f = MappedFile(path)
+    stripped = strip_initializers(f.map)
+    assert stripped is not None  # the four weights left it, each for a reference of < 64 B
+    assert len(stripped) < f.size - 4 * (48 * 48 * 4 - 64)
+    back = onnx.load_from_string(stripped)
+    for t in back.graph.initializer:
+        info = {e.key: e.value for e in t.external_data}
+        if info:
+            assert info["location"] == MAPPED_LOCATION
+            lo, n = int(info["offset"]), int(info["length"])
+            t.raw_data = bytes(f.view(lo, n))
+            del t.external_data[:]
+            t.ClearField("data_location")
+    assert back.SerializeToString() == m.SerializeToString()
+    assert strip_initializers(memoryview(b"\xff\xfe not protobuf")) is None  # type: ignore[arg-type]
+
+
+def test_damaged_model_files_are_our_errors(tmp_path) -> None:
+    """Cut inside a weight's bytes or in the graph, the mapped path reports as the bytes path
+    does."""
+    import pytest
+
+    from kn_graph.errors import OnnxImportError
+
+    m, _ = _mlp_with_odd_names(np.random.default_rng(3))
+    data = m.SerializeToString()
+    for cut in (len(data) // 2, len(data) - 100, 7):
+        path = tmp_path / f"cut{cut}.onnx"
+        path.write_bytes(data[:cut])
+        with pytest.raises(OnnxImportError, match=r"not a valid ONNX model|no graph"):
+            load_onnx(path)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(OnnxImportError, match="no graph"):
+        load_onnx(empty)

@@ -28,6 +28,7 @@ set), so pools take turns instead of spinning beside each other.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import functools
 import logging
@@ -53,6 +54,7 @@ from kn_graph.cpu import bind_shapes
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
 from kn_graph.graph import Graph
+from kn_graph.onnx.mapped import release_pages
 from kn_graph.shape import BATCH
 
 __all__ = ["HostExecutor", "HostLibrary", "HostPreparedGraph", "default_threads"]
@@ -249,12 +251,32 @@ class _Release:
                     self.cands[k] = (lo, hi)
                 else:
                     keep.append((lo, hi))
-        self._keep = keep
+        self._keep = _merged(keep)  # sorted, disjoint
+        self._keep_lo = [lo for lo, _ in self._keep]
         self._packed: dict[int, bool] = {}
         ks = sorted(self.cands)
         # the last candidate step whose range overlaps each one's: when it is built, decide
         self._last = {k: max(j for j in ks if _overlap(self.cands[j], self.cands[k])) for k in ks}
         self.released = 0  # bytes handed back
+
+    def deferrable(self, lo: int, hi: int) -> bool:
+        """Whether the constant bytes [lo, hi) are read only as operands oneDNN packs."""
+        span = (lo, hi)
+        return (
+            lo < hi
+            and any(_overlap(span, c) for c in self.cands.values())
+            and not self._kept_in(lo, hi)
+        )
+
+    def _kept_in(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The kept ranges that overlap [lo, hi)."""
+        i = max(bisect.bisect_right(self._keep_lo, lo) - 1, 0)
+        out = []
+        while i < len(self._keep) and self._keep[i][0] < hi:
+            if self._keep[i][1] > lo:
+                out.append(self._keep[i])
+            i += 1
+        return out
 
     def built(self, k: int, packed: bool) -> None:
         if k not in self.cands:
@@ -270,7 +292,7 @@ class _Release:
     def _drop(self, lo: int, hi: int) -> None:
         page = mmap.PAGESIZE
         parts = [(-(-lo // page) * page, hi // page * page)]
-        for klo, khi in self._keep:  # whole pages of kept bytes stay
+        for klo, khi in self._kept_in(lo - page, hi + page):  # whole pages of kept bytes stay
             klo, khi = klo // page * page, -(-khi // page) * page
             parts = [
                 q for a, b in parts for q in ((a, min(b, klo)), (max(a, khi), b)) if q[0] < q[1]
@@ -280,6 +302,24 @@ class _Release:
                 continue
             self._mm.madvise(mmap.MADV_DONTNEED, a, b - a)
             self.released += b - a
+
+
+def _copy_constant(arena: np.ndarray, off: int, data: np.ndarray) -> None:
+    """Constant bytes into the arena; the source's pages go back when it views a mapped model
+    file (`release_pages`: the arena holds the copy, a later read faults them in again)."""
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    arena[off : off + raw.size] = raw
+    release_pages(data)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -343,10 +383,18 @@ class HostExecutor:
             )
             extra = at - scratch + used
         self.arena, self._mm = _arena(scratch + extra if extra else plan.arena_size)
-        self.arena.fill(0xFF)  # unwritten memory reads as NaN, as in the emulator
+        self.arena[plan.const_size :].fill(
+            0xFF
+        )  # unwritten memory reads as NaN, as in the emulator
+        self._release = _Release(plan, self._mm)
+        # constants only oneDNN packs are copied in just before their step packs them (and
+        # their pages go back right after): the weights are never all in the arena at once
+        self._deferred: list[tuple[int, np.ndarray]] = []
         for off, data in plan.constants:
-            raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-            self.arena[off : off + raw.size] = raw
+            if self._release.deferrable(off, off + data.nbytes):
+                self._deferred.append((off, data))
+            else:
+                _copy_constant(self.arena, off, data)
         self._base = self.arena.ctypes.data
         self._inputs = [view_array(self.arena, v) for v in plan.inputs]
         self._outputs = [view_array(self.arena, v) for v in plan.outputs]
@@ -369,9 +417,9 @@ class HostExecutor:
         self._host: list[Callable[[], None] | None] = []
         self.blocked = self._layouts(dnn)
         self._packs: set[int] = set()  # steps whose constant operand oneDNN packed
-        self._release = _Release(plan, self._mm)
         self._composite: dict[int, list[Any]] = {}  # split attention: runners and C calls
         for k in range(len(plan.steps)):
+            self._copy_deferred(k)
             pieces = self._pieces(k, dnn) if k in self._split else None
             if pieces is not None:
                 self._composite[k] = pieces
@@ -402,6 +450,13 @@ class HostExecutor:
                 self._host.append(
                     fn if fn is not None else functools.partial(emulate_step, self.arena, k, s)
                 )
+        for off, data in self._deferred:  # read by no step built (none expected): kept
+            _copy_constant(self.arena, off, data)
+        self._deferred.clear()
+        # once more for all: reading one constant maps in the page cache's whole folio, which
+        # may hold a neighbour released before
+        for _, data in plan.constants:
+            release_pages(data)
         self._dnn = dnn
         if library is not None and dnn is not None:
             execute = dnn.load_dnnl().fns["dnnl_primitive_execute"]
@@ -410,6 +465,19 @@ class HostExecutor:
         self._lock = threading.Lock()
 
     # -- building ------------------------------------------------------------------------------
+    def _copy_deferred(self, k: int) -> None:
+        """Copy in the deferred constants step k packs, before its runner is built."""
+        span = self._release.cands.get(k)
+        if span is None or not self._deferred:
+            return
+        rest = []
+        for off, data in self._deferred:
+            if _overlap(span, (off, off + data.nbytes)):
+                _copy_constant(self.arena, off, data)
+            else:
+                rest.append((off, data))
+        self._deferred = rest
+
     def _layouts(self, dnn: Any) -> dict[int, frozenset[str]]:
         """The layout pass (`layouts.blocked_roles`) over oneDNN's choices for every conv step;
         keeps the descriptors of the convs that read or write a blocked activation."""
@@ -662,7 +730,8 @@ def _check_bound(graph: Graph, bindings: Mapping[str, int]) -> None:
 
 class HostPreparedGraph:
     """A graph on the host executor: one plan and `HostExecutor` per binding of the size symbols
-    (made on first use, or at once when `batch_size` fixes every symbol), kept for later calls."""
+    (made on first use, or at once when the inputs have no symbols or `batch_size` fixes every
+    one), kept for later calls."""
 
     def __init__(
         self,
@@ -680,7 +749,9 @@ class HostPreparedGraph:
         symbols = (
             set().union(*(graph[v].shape.symbols for v in graph.inputs)) if graph.inputs else set()
         )
-        if batch_size is not None and symbols <= {BATCH}:
+        # planned at once when nothing is left to bind (onnxruntime's session does all its
+        # work up front too): the first evaluation then costs what every other one does
+        if not symbols or (batch_size is not None and symbols <= {BATCH}):
             self.executor({BATCH: batch_size} if BATCH in symbols else {})
 
     def executor(self, bindings: Mapping[str, int]) -> HostExecutor:

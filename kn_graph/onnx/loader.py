@@ -28,6 +28,7 @@ from kn_graph.errors import (
 )
 from kn_graph.graph import Graph
 from kn_graph.onnx.context import HANDLERS, MAX_RANK, Known, NodeContext, Result, Seq, onnx_dtype
+from kn_graph.onnx.mapped import MAPPED_LOCATION, FileMaps, MappedFile, strip_initializers
 from kn_graph.ops import Constant, Tensor, Value
 from kn_graph.shape import BATCH, Shape, Size, SizeLike
 
@@ -63,6 +64,7 @@ def load_onnx(
     input_values: Mapping[str, np.ndarray] | None = None,
     base_dir: str | os.PathLike[str] | None = None,
     static: bool = False,
+    mmap: bool = True,
 ) -> Graph | ValueSpecializedModel:
     """Load an ONNX model (path, bytes or ModelProto) into a new `Graph`.
 
@@ -76,25 +78,30 @@ def load_onnx(
       `ValueSpecializedModel` (`Device.prepare` accepts it: one graph per distinct value),
       or with `static=True` a `StaticInputRequiredError` naming the input;
     - external data is read relative to `base_dir` (default: the model's folder) and may not
-      leave it.
+      leave it;
+    - with `mmap` (the default) a model given by path keeps its large initializers and its
+      external data as read-only views of the files (`kn_graph.onnx.mapped`): no copy, and a
+      backend that packed them can give their pages back. The files must then stay as they
+      are while the graph lives; `mmap=False` reads everything into memory.
     Raises `ArgumentTypeError`/`ArgumentValueError` for misused arguments, `OnnxImportError`
     for unreadable or invalid models and `UnsupportedOnnxError` for what the IR cannot express.
     """
-    options = _check_arguments(batch_axes, dims, input_shapes, input_values, base_dir, static)
-    model, folder = _read_model(_check_source(source), base_dir)
+    options = _check_arguments(batch_axes, dims, input_shapes, input_values, base_dir, static, mmap)
+    model, folder, mapped = _read_model(_check_source(source), base_dir, mmap)
     _check_model(model, options)
+    files = FileMaps(mapped, mmap)
     if sequence_outputs(model) and not static:  # outputs regrouped into lists per call
-        return ValueSpecializedModel(model, folder, options, [])
+        return ValueSpecializedModel(model, folder, options, [], files=files)
     try:
-        return _load(model, folder, options)
+        return _load(model, folder, options, files)
     except StaticInputRequiredError as e:
         if static:
             raise
-        return ValueSpecializedModel(model, folder, options, [e.input_name])
+        return ValueSpecializedModel(model, folder, options, [e.input_name], files=files)
     except SymbolicSizeError:
         if static:
             raise
-        return ValueSpecializedModel(model, folder, options, [], by_shape=True)
+        return ValueSpecializedModel(model, folder, options, [], by_shape=True, files=files)
 
 
 class _Options:
@@ -106,11 +113,13 @@ class _Options:
         dims: dict[str, int],
         input_shapes: dict[str, Sequence[SizeLike]],
         input_values: dict[str, np.ndarray],
+        mmap: bool = True,
     ) -> None:
         self.batch_axes = batch_axes
         self.dims = dims
         self.input_shapes = input_shapes
         self.input_values = input_values
+        self.mmap = mmap
 
 
 def _check_source(source: object) -> Source:
@@ -136,6 +145,7 @@ def _check_arguments(
     input_values: object,
     base_dir: object,
     static: object,
+    mmap: object = True,
 ) -> _Options:
     """Validate load_onnx's keyword arguments up front, naming the argument that is wrong."""
     if isinstance(batch_axes, str | bytes) or not isinstance(batch_axes, Iterable):
@@ -179,7 +189,9 @@ def _check_arguments(
             raise ArgumentValueError(f"load_onnx: base_dir: the path {base_dir!r} contains a NUL")
     if not isinstance(static, bool):
         raise ArgumentTypeError(f"load_onnx: static: expected a bool, found {static!r}")
-    return _Options(set(axes), pinned, shapes, values)
+    if not isinstance(mmap, bool):
+        raise ArgumentTypeError(f"load_onnx: mmap: expected a bool, found {mmap!r}")
+    return _Options(set(axes), pinned, shapes, values, mmap)
 
 
 def _mapping(arg: object, name: str) -> dict[str, object]:
@@ -247,7 +259,7 @@ def _check_model(model: onnx.ModelProto, options: _Options) -> None:
             )
 
 
-def _load(model: onnx.ModelProto, folder: Path | None, options: _Options) -> Graph:
+def _load(model: onnx.ModelProto, folder: Path | None, options: _Options, files: FileMaps) -> Graph:
     """One import; restarted with a substitution whenever it unifies two input symbols."""
     subs: dict[str, Size] = {}
     arrays: dict[str, np.ndarray] = {}
@@ -263,6 +275,7 @@ def _load(model: onnx.ModelProto, folder: Path | None, options: _Options) -> Gra
             subs=subs,
             arrays=arrays,
             tensors=tensors,
+            files=files,
         )
         try:
             return loader.run()
@@ -289,9 +302,11 @@ class ValueSpecializedModel:
         options: _Options,
         value_inputs: list[str],
         by_shape: bool = False,
+        files: FileMaps | None = None,
     ) -> None:
         self.model = model
         self.folder = folder
+        self.files = files if files is not None else FileMaps(None, options.mmap)
         self.options = options
         self.value_inputs: list[str] = list(value_inputs)
         """The inputs whose values decide shapes (found so far; more may be found per call)."""
@@ -333,9 +348,11 @@ class ValueSpecializedModel:
             hit = self._cache.get(key)
             if hit is not None:
                 return hit
-            opts = _Options(self.options.batch_axes, self.options.dims, shapes, pinned)
+            opts = _Options(
+                self.options.batch_axes, self.options.dims, shapes, pinned, self.options.mmap
+            )
             try:
-                graph = _load(self.model, self.folder, opts)
+                graph = _load(self.model, self.folder, opts, self.files)
             except StaticInputRequiredError as e:
                 if e.input_name in self.value_inputs or e.input_name not in values:
                     raise
@@ -411,11 +428,14 @@ def regroup_outputs(
 
 
 def _read_model(
-    source: Source, base_dir: str | os.PathLike[str] | None
-) -> tuple[onnx.ModelProto, Path | None]:
+    source: Source, base_dir: str | os.PathLike[str] | None, use_mmap: bool
+) -> tuple[onnx.ModelProto, Path | None, MappedFile | None]:
+    """The parsed model, the folder of its external data, and the map of the model file when
+    its large initializers stay in it (`kn_graph.onnx.mapped`)."""
     folder = Path(base_dir) if base_dir is not None else None
+    mapped = None
     if isinstance(source, onnx.ModelProto):
-        return source, folder
+        return source, folder, None
     if isinstance(source, bytes | bytearray | memoryview):
         data = bytes(source)
         where = "<bytes>"
@@ -423,7 +443,12 @@ def _read_model(
         path = Path(source)
         where = str(path)
         try:
-            data = path.read_bytes()
+            if use_mmap:
+                mapped = MappedFile(path)
+                stripped = strip_initializers(mapped.map) if mapped.map is not None else None
+                if stripped is None:  # nothing to map, or not protobuf: parsed whole
+                    mapped = None
+            data = stripped if mapped is not None else path.read_bytes()
         except OSError as e:
             raise OnnxImportError(f"cannot read ONNX model '{path}': {e.strerror or e}") from None
         folder = folder or path.parent
@@ -436,7 +461,25 @@ def _read_model(
         ) from None
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise OnnxImportError(f"{where} is not a valid ONNX model (it has no graph)")
-    return model, folder
+    return model, folder, mapped
+
+
+def _extent(
+    size: int, offset: int, length: int | None, expected: int, where: str, what: str, path: Path
+) -> int:
+    """The length of an external tensor at `offset` in a file of `size` bytes, checked."""
+    if offset + (length or 0) > size:
+        raise OnnxImportError(
+            f"{where}: external data file '{path}' holds {size} bytes, but the "
+            f"tensor is at offset {offset} with length {length} (beyond its end)"
+        )
+    if length is None:
+        length = size - offset
+    if length != expected:
+        raise OnnxImportError(
+            f"{where}: external data holds {length} bytes, expected {expected} for {what}"
+        )
+    return length
 
 
 @dataclass
@@ -463,8 +506,10 @@ class Loader:
         subs: Mapping[str, Size] | None = None,
         arrays: dict[str, np.ndarray] | None = None,
         tensors: dict[str, Tensor] | None = None,
+        files: FileMaps | None = None,
     ) -> None:
         self.model = model
+        self.files = files if files is not None else FileMaps(None, False)
         self.subs = dict(subs or {})
         self.arrays = arrays if arrays is not None else {}
         self.tensors: dict[str, Tensor] = tensors if tensors is not None else {}
@@ -693,9 +738,9 @@ class Loader:
 
     def _tensor_bytes(
         self, t: onnx.TensorProto, where: str, expected: int, what: str
-    ) -> bytes | None:
-        """The tensor's bytes (raw or external), checked to be `expected` long before reading;
-        None when the values are in the typed fields."""
+    ) -> bytes | memoryview | None:
+        """The tensor's bytes (raw, or external: a view of the mapped file), checked to be
+        `expected` long before reading; None when the values are in the typed fields."""
         if t.data_location != onnx.TensorProto.EXTERNAL:
             if not t.HasField("raw_data"):
                 return None
@@ -707,6 +752,14 @@ class Loader:
             return t.raw_data
         info = {e.key: e.value for e in t.external_data}
         loc = info.get("location")
+        if loc == MAPPED_LOCATION and self.files.model is not None:  # kept in the model file
+            offset, length = int(info["offset"]), int(info["length"])
+            if length != expected:
+                raise OnnxImportError(
+                    f"{where}: raw data holds {length} bytes, expected {expected} for "
+                    f"{what} (is the data type right?)"
+                )
+            return self.files.model.view(offset, length)
         if not loc:
             raise OnnxImportError(f"{where}: external data without a location")
         if "\0" in loc:
@@ -734,20 +787,13 @@ class Loader:
                 f"{where}: external data offset {offset} and length {length} must be >= 0"
             )
         try:
+            mapped = self.files.file(path)
+            if mapped is not None:  # a view of the mapped file
+                length = _extent(mapped.size, offset, length, expected, where, what, path)
+                return mapped.view(offset, length)
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                if offset + (length or 0) > size:
-                    raise OnnxImportError(
-                        f"{where}: external data file '{path}' holds {size} bytes, but the "
-                        f"tensor is at offset {offset} with length {length} (beyond its end)"
-                    )
-                if length is None:
-                    length = size - offset
-                if length != expected:
-                    raise OnnxImportError(
-                        f"{where}: external data holds {length} bytes, expected {expected} for "
-                        f"{what}"
-                    )
+                length = _extent(size, offset, length, expected, where, what, path)
                 f.seek(offset)
                 data = f.read(length)
         except OSError as e:

@@ -393,3 +393,66 @@ def test_small_attention_stays_one_fused_step() -> None:
     g.add_output(g.attention(q, q, q), "o")
     a = next(s for s in plan(g).steps if isinstance(s, steps.Attention))
     assert attention.split_attention(a, 0) is None  # head dim 4: the fused kernel
+
+
+def test_mapped_weights_are_copied_one_at_a_time_and_leave_memory(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model loaded by path keeps its weights in the file's pages (`kn_graph.onnx.mapped`).
+    Building its host executor copies each weight into the arena just before oneDNN packs it
+    and hands the pages back after, so the arena never holds all the weights at once; the
+    file's pages leave memory too, and the graph still reads them (they fault back in)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from kn_cuda_eval.cpu import executor as hx
+    from kn_cuda_eval.cpu import onednn
+    from kn_graph.onnx import load_onnx
+    from kn_graph.ops import Constant
+
+    rng = np.random.default_rng(4)
+    w1 = (rng.standard_normal((256, 64, 3, 3)) * 0.05).astype(np.float32)
+    w2 = (rng.standard_normal((64, 256, 3, 3)) * 0.05).astype(np.float32)
+    w3 = (rng.standard_normal((64, 512)) * 0.05).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["c2"], ["p"], axes=[2, 3], keepdims=0),
+        helper.make_node("MatMul", ["p", "w3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(a, n) for n, a in (("w1", w1), ("w2", w2), ("w3", w3))],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    g = load_onnx(path)
+    x = rng.standard_normal((1, 64, 16, 16)).astype(np.float32)
+    want = evaluate(g, [x])[0]
+    weights = [g[v].op.tensor.array for v in g.values() if isinstance(g[v].op, Constant)]
+    file_map = weights[0].ctypes.data
+    total = sum(a.nbytes for a in weights)
+    assert _resident(file_map) >= total  # read by the reference: in memory
+
+    seen: list[int] = []
+    built = hx._Release.built
+
+    def watch(self, k: int, packed: bool) -> None:  # step k built: its weight is in the arena
+        seen.append(_resident(np.frombuffer(self._mm, np.uint8).ctypes.data))
+        built(self, k, packed)
+
+    monkeypatch.setattr(hx._Release, "built", watch)
+    p = HostPreparedGraph(g, threads=2)  # static: built at once
+    (ex,) = p.executors.values()
+    assert_close(p.eval([x])[0], want, "mapped weights")
+    assert _resident(file_map) <= 64 * 1024  # the file's pages left
+    assert_close(evaluate(g, [x])[0], want, "the graph reads them again")
+    if onednn.available() is not None:
+        return
+    assert ex._release.released >= total - 4 * 4096
+    activations = ex.plan.arena_size - ex.plan.const_size
+    assert max(seen) <= activations + max(a.nbytes for a in weights) + 16 * 4096, (seen, total)
