@@ -441,6 +441,123 @@ def _layernorm(s: st.Layernorm) -> CCall:
     return r.finish("layernorm", 4)
 
 
+COLUMNS = 16
+"""Outputs one task of a column reduction accumulates side by side (a vector register of f32)."""
+
+
+def _columnar(s: st.Reduce) -> bool:
+    """Whether `s` reduces down columns: its last kept axis is contiguous (stride 1) in an input
+    whose reduced axes are not (a channels-last tensor averaged over H and W), and every other
+    input has stride 0 or 1 there. The row kernel would walk each output's values at a stride
+    of C; the column kernel walks the rows once, C outputs side by side."""
+    x, n = s.x, s.out.rank
+    if n == 0 or s.reduced_rank == 0 or x.indices or s.op not in _COLUMN_OPS:
+        return False
+    inner = [v.strides[n - 1] for v in x.inputs]
+    if not x.inputs or any(t not in (0, 1) for t in inner) or x.shape[n - 1] < 2:
+        return False
+    return any(t == 1 and v.strides[-1] != 1 for t, v in zip(inner, x.inputs, strict=True))
+
+
+def _reduce_columns(s: st.Reduce, acc: str) -> CCall:
+    """A reduction down columns (see `_columnar`): each task takes up to `COLUMNS` consecutive
+    outputs of one row of the kept axes and walks the reduced coordinates once, accumulating
+    them side by side in a vectorized inner loop."""
+    x, n, xdt = s.x, s.out.rank, s.x.dtype
+    a = _Args()
+    odims = [a.int_(f"od{i}", d) for i, d in enumerate(x.shape[:n])]
+    rdims = [a.int_(f"rd{i}", d) for i, d in enumerate(x.shape[n:])]
+    ins = [(a.ptr(f"in{k}", v), v.strides) for k, v in enumerate(x.inputs)]
+    sis = [
+        [a.int_(f"si{k}_{i}", t) for i, t in enumerate(v.strides) if i != n - 1]
+        for k, v in enumerate(x.inputs)
+    ]
+    out = a.ptr("out", s.out, const=False)
+    so = a.strides("so", s.out.strides, inner=False)
+    w = CodeWriter(1)
+    cols = odims[-1]
+    rows = " * ".join(odims[:-1]) or "1"
+    ncols = " * ".join(rdims)
+    w.line(f"const long long rows = {rows}, ncols = {ncols};")
+    w.line(f"const long long nb = ({cols} + {COLUMNS - 1}) / {COLUMNS};")
+    weight = 1 + _weight(x.program)
+    w.line(f"#pragma omp parallel if (rows * {cols} * ncols * {weight} > {PAR_WORK})")
+    with w.block(""):
+        w.line("long long lo, hi;")
+        w.line("kn_share(rows * nb, &lo, &hi);")
+        with w.block("for (long long u = lo; u < hi; ++u)"):
+            w.line(f"const long long j0 = (u % nb) * {COLUMNS};")
+            w.line(f"const long long jn = {cols} - j0 < {COLUMNS} ? {cols} - j0 : {COLUMNS};")
+            w.line("long long rem = u / nb;")
+            for i in range(n - 2, -1, -1):
+                w.line(f"const long long c{i} = rem % {odims[i]}; rem /= {odims[i]};")
+            for k, (_, strides) in enumerate(ins):
+                kept = [_term(f"c{i}", sis[k][i]) for i in range(n - 1)]
+                lead = "j0" if strides[n - 1] == 1 else ""
+                w.line(f"const long long bi{k} = {_sum(lead, kept)};")
+            kept_o = [_term(f"c{i}", so[i]) for i in range(n - 1)]
+            w.line(f"const long long bo = {_sum(_term('j0', so[n - 1]), kept_o)};")
+            low = s.op is ReduceOp.MIN
+            init = {
+                ReduceOp.SUM: "0",
+                ReduceOp.MEAN: "0",
+                ReduceOp.PROD: "1",
+                ReduceOp.MIN: _extreme(xdt, acc, True),
+                ReduceOp.MAX: _extreme(xdt, acc, False),
+            }[s.op]
+            w.line(f"{acc} a[{COLUMNS}];")
+            w.line(f"int nan[{COLUMNS}];")
+            with w.block(f"for (long long j = 0; j < {COLUMNS}; ++j)"):
+                w.line(f"a[j] = {init}; nan[j] = 0;")
+            opened = 0
+            for i, d in enumerate(rdims):
+                w.line(f"for (long long r{i} = 0; r{i} < {d}; ++r{i}) {{")
+                w.level += 1
+                opened += 1
+            for k in range(len(ins)):
+                terms = [_term(f"r{i}", sis[k][n - 1 + i]) for i in range(len(rdims))]
+                w.line(f"const long long ro{k} = {_sum(f'bi{k}', terms)};")
+            w.line("#pragma omp simd")
+            with w.block("for (long long j = 0; j < jn; ++j)"):
+                names = print_program(
+                    w,
+                    x.program,
+                    lambda q: f"{ins[q][0]}[{_sum(f'ro{q}', [_term('j', str(ins[q][1][n - 1]))])}]",
+                    lambda q: "0",
+                )
+                v = f"({acc}){names[x.program.roots[0]]}"
+                match s.op:
+                    case ReduceOp.SUM | ReduceOp.MEAN:
+                        w.line(f"a[j] = a[j] + {v};")
+                    case ReduceOp.PROD:
+                        w.line(f"a[j] = a[j] * {v};")
+                    case _:
+                        w.line(f"const {acc} ev = {v};")
+                        w.line("nan[j] |= ev != ev;")
+                        w.line(f"a[j] = ev {'<' if low else '>'} a[j] ? ev : a[j];")
+            for _ in range(opened):
+                w.level -= 1
+                w.line("}")
+            with w.block("for (long long j = 0; j < jn; ++j)"):
+                dst = f"{out}[{_sum('bo', [_term('j', so[n - 1])])}]"
+                if s.op is ReduceOp.MEAN:
+                    val = (
+                        "a[j] / (" + acc + ")ncols"
+                        if xdt.is_float
+                        else f"(ncols ? a[j] / ({acc})ncols : 0)"
+                    )
+                elif s.op in (ReduceOp.MIN, ReduceOp.MAX) and xdt.is_float:
+                    val = f"nan[j] ? ({acc})NAN : a[j]"
+                else:
+                    val = "a[j]"
+                w.line(f"{dst} = {exprs.store(s.out.dtype, val)};")
+            w.line("(void)nan;")
+    return _call("reduce_cols", a, w)
+
+
+_COLUMN_OPS = (ReduceOp.SUM, ReduceOp.MEAN, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX)
+
+
 def _reduce(s: st.Reduce) -> CCall:
     x = s.x
     r = _Rows(x, s.out.rank, s.out)
@@ -449,6 +566,8 @@ def _reduce(s: st.Reduce) -> CCall:
     if xdt is DType.BOOL or (xdt.is_int and xdt.size < 4):
         acc = "int" if xdt.is_signed or xdt is DType.BOOL else "unsigned int"
     r.acc = acc
+    if _columnar(s):
+        return _reduce_columns(s, acc)
     w = r.w
     r.open()
     dst = r.out_ref(None)

@@ -456,3 +456,37 @@ def test_mapped_weights_are_copied_one_at_a_time_and_leave_memory(
     assert ex._release.released >= total - 4 * 4096
     activations = ex.plan.arena_size - ex.plan.const_size
     assert max(seen) <= activations + max(a.nbytes for a in weights) + 16 * 4096, (seen, total)
+
+
+@pytest.mark.parametrize("op", ["mean", "sum", "prod", "max", "min"])
+def test_reductions_down_columns_match_the_reference(op: str) -> None:
+    """A reduction whose kept innermost axis is contiguous and whose reduced axes are not (a
+    channels-last tensor averaged over H and W, a mean over the sequence axis of [B, S, D])
+    runs the column kernel (`csource._reduce_columns`): columns not a multiple of its width,
+    a batch of kept rows, a NaN for max and min."""
+    rng = np.random.default_rng(12)
+    cases = [((1, 7, 9, 37), [0, 3, 1, 2], [2, 3]), ((3, 5, 4, 16), [0, 3, 1, 2], [2, 3])]
+    cases.append(((2, 11, 50), [0, 2, 1], [2]))  # [B, S, D] -> mean over S
+    for shape, perm, axes in cases:
+        g = Graph()
+        x = g.input(Shape.of(*shape), DType.F32, "x")
+        y = g.permute(x, perm)
+        if op == "prod":
+            y = g.exp(y)
+        g.add_output(g.reduce(y, axes, ReduceOp(op)), "y")
+        ex = HostExecutor(plan(g), threads=2)
+        a = (rng.standard_normal(shape) * 0.3).astype(np.float32)
+        if op in ("max", "min"):
+            a.reshape(-1)[5] = np.nan
+        got, want = ex.eval([a])[0], evaluate(g, [a])[0]
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=f"{op} {shape}")
+        assert any("reduce_cols" in n for n in ex.names), ex.names
+        if op in ("max", "min"):
+            assert np.isnan(got).sum() == 1
+        # nothing written outside the steps' outputs (the arena starts as 0xFF bytes)
+        untouched = np.ones(ex.plan.arena_size, bool)
+        untouched[: ex.plan.const_size] = False
+        for v in [*ex.plan.inputs, *(w for s in ex.plan.steps for w in s.writes())]:
+            lo, hi = v.byte_extent()
+            untouched[lo:hi] = False
+        assert (ex.arena[: ex.plan.arena_size][untouched] == 0xFF).all(), f"{op} {shape}"
