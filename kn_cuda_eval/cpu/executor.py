@@ -14,8 +14,12 @@ executor see the same steps):
   the convolution's raw output;
 - `layouts`: chains of convolutions keep their activations channels-last (NHWC) in the
   planner's own bytes, so oneDNN reorders only where a tensor enters or leaves a chain;
-- constants oneDNN packed (conv weights, GEMM weights) give their arena pages back
-  (`madvise(MADV_DONTNEED)`), so the weights are not held twice.
+- constants oneDNN packs (conv weights, GEMM weights) are copied into the arena only just
+  before their step packs them, and give their arena pages back after (`madvise`): the weights
+  are held once, packed, and never all in the arena at once;
+- constants that view a mapped model file (`kn_graph.onnx.mapped`) give the file's pages back
+  once copied (`release_pages`): the graph keeps them for other bindings, read from the page
+  cache again when needed.
 
     HostExecutor(plan, threads=None).eval(inputs)          # one plan
     HostPreparedGraph(graph, batch_size=None).eval(inputs) # a plan per binding of the sizes
