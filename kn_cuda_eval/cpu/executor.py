@@ -387,9 +387,8 @@ class HostExecutor:
             )
             extra = at - scratch + used
         self.arena, self._mm = _arena(scratch + extra if extra else plan.arena_size)
-        self.arena[plan.const_size :].fill(
-            0xFF
-        )  # unwritten memory reads as NaN, as in the emulator
+        # unwritten memory reads as NaN, as in the emulator (the constants' part is copied in)
+        self.arena[plan.const_size :].fill(0xFF)
         self._release = _Release(plan, self._mm)
         # constants only oneDNN packs are copied in just before their step packs them (and
         # their pages go back right after): the weights are never all in the arena at once
