@@ -24,6 +24,7 @@ when the step is big enough (`PAR_WORK` units of work).
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from kn_cuda_eval.kernels import exprs
 from kn_cuda_eval.kernels.launch import print_program
 from kn_cuda_eval.kernels.rows import _acc_type, _extreme
 from kn_cuda_eval.kernels.template import CodeWriter
-from kn_cuda_eval.program import Load, Program, Un
+from kn_cuda_eval.program import Bin, Const, Index, Instr, Load, Program, ProgramBuilder, Sel, Un
 from kn_cuda_eval.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.ops import ReduceOp, UnaryOp
@@ -144,10 +145,12 @@ def _nest(
     operands: Sequence[tuple[str, Sequence[Term]]],
     body: Callable[[CodeWriter, list[str]], None],
     weight: int,
+    prologue: Callable[[CodeWriter], None] | None = None,
 ) -> None:
     """Loops over `dims` (the last one innermost): each thread takes a contiguous share of
     (outer coordinates, inner chunk) units and walks them like an odometer; `body` gets each
-    operand's element offset inside the inner loop."""
+    operand's element offset inside the inner loop. `prologue` runs once per thread before
+    (`kn_inner` is the inner size)."""
     r = len(dims)
     if r == 0:
         body(w, [_sum(b, []) for b, _ in operands])
@@ -163,6 +166,8 @@ def _nest(
         with w.block("if (kn_rows > 0 && kn_inner > 0)"):
             w.line(f"#pragma omp parallel if (kn_rows * kn_inner * {weight} > {PAR_WORK})")
             with w.block(""):
+                if prologue is not None:
+                    prologue(w)
                 w.line("long long lo, hi;")
                 w.line("kn_share(kn_rows * kn_split, &lo, &hi);")
                 w.line("long long sp = lo % kn_split, rem = lo / kn_split;")
@@ -210,7 +215,84 @@ def _call(kind: str, a: _Args, body: CodeWriter) -> CCall:
 
 
 # -- element-parallel steps -----------------------------------------------------------------------
+def memory_order(s: st.Elementwise) -> st.Elementwise:
+    """`s` with its axes permuted (every view alike: the same element at every coordinate) so
+    that the first output is walked in the order it is stored, its smallest stride innermost —
+    a channels-last output of a logical NCHW step is then written contiguously, with its
+    per-channel operands contiguous too, instead of at a stride of C."""
+    if not s.outputs or len(s.shape) < 2:
+        return s
+    strides = s.outputs[0].strides
+    # size-1 axes first (their stride does not matter), the rest by decreasing stride
+    perm = [i for i in range(len(s.shape)) if s.shape[i] == 1] + [
+        i for i in sorted(range(len(s.shape)), key=lambda i: -abs(strides[i])) if s.shape[i] != 1
+    ]
+    if perm == sorted(perm) or any(x < 0 for x in strides):
+        return s
+    return st.Elementwise(
+        tuple(s.shape[i] for i in perm),
+        tuple(v.permute(perm) for v in s.inputs),
+        tuple(v.permute(perm) for v in s.indices),
+        tuple(v.permute(perm) for v in s.outputs),
+        s.program,
+    )
+
+
+HOIST_MAX = 4096
+"""Inner sizes up to this many elements may have row-invariant work tabulated (`_hoisted`)."""
+
+
+def _hoisted(s: st.Elementwise) -> list[int]:
+    """Instructions of `s.program` worth computing once per inner coordinate instead of at
+    every element: those reading only operands that do not move along the outer axes (stride
+    0 there) with a transcendental in them, whose value some instruction that does move uses
+    (or that is stored). The sigmoid of a squeeze-and-excitation's per-channel scale, walked
+    over H·W rows of C channels, is then C exponentials instead of C·H·W."""
+    prog, r = s.program, len(s.shape)
+    if r < 2 or s.shape[-1] > HOIST_MAX or math.prod(s.shape[:-1]) < 2:
+        return []
+    fixed: list[bool] = []  # the value does not change along the outer axes
+    heavy: list[bool] = []
+    for ins in prog.instrs:
+        match ins:
+            case Load(arg):
+                fixed.append(all(t == 0 for t in s.inputs[arg].strides[:-1]))
+                heavy.append(False)
+            case Index(arg):
+                fixed.append(all(t == 0 for t in s.indices[arg].strides[:-1]))
+                heavy.append(False)
+            case Const():
+                fixed.append(True)
+                heavy.append(False)
+            case Un(op, x):
+                fixed.append(fixed[x])
+                heavy.append(heavy[x] or op in _HEAVY)
+            case Bin(_, x, y):
+                fixed.append(fixed[x] and fixed[y])
+                heavy.append(heavy[x] or heavy[y])
+            case Sel(c, x, y):
+                fixed.append(fixed[c] and fixed[x] and fixed[y])
+                heavy.append(heavy[c] or heavy[x] or heavy[y])
+    used_by_moving: set[int] = set(i for i in prog.roots)
+    for i, ins in enumerate(prog.instrs):
+        if not fixed[i]:
+            used_by_moving.update(_operands(ins))
+    return [i for i in range(len(prog.instrs)) if fixed[i] and heavy[i] and i in used_by_moving]
+
+
+def _operands(ins: Instr) -> tuple[int, ...]:
+    match ins:
+        case Un(_, x):
+            return (x,)
+        case Bin(_, x, y):
+            return (x, y)
+        case Sel(c, x, y):
+            return (c, x, y)
+    return ()
+
+
 def _elementwise(s: st.Elementwise) -> CCall:
+    s = memory_order(s)
     a = _Args()
     dims = [a.int_(f"d{i}", d) for i, d in enumerate(s.shape)]
     operands: list[tuple[str, Sequence[Term]]] = []
@@ -225,19 +307,70 @@ def _elementwise(s: st.Elementwise) -> CCall:
         operands.append((base, _stride_terms(a.strides(f"sx{k}", v.strides))))
     w = CodeWriter(1)
     nout, nin = len(outs), len(ins)
+    hoist = _hoisted(s)
+    prog, prologue = s.program, None
+    if hoist:  # tabulated per thread over the inner axis, then loaded like an input
+        inner = [(b, terms[-1]("j")) for b, terms in operands]
+        tables = {i: f"hv{n}" for n, i in enumerate(hoist)}
+
+        def prologue(w: CodeWriter) -> None:
+            for i, t in tables.items():
+                w.line(f"{exprs.compute_ctype(s.program.instrs[i].dtype)} {t}[kn_inner];")
+            sub = _live(list(s.program.instrs), hoist)
+            with w.block("for (long long j = 0; j < kn_inner; ++j)"):
+                names = print_program(
+                    w,
+                    sub,
+                    lambda q: f"{ins[q]}[{_sum(*inner[nout + q])}]",
+                    lambda q: f"({_sum(*inner[nout + nin + q])})",
+                    prefix="h",
+                )
+                for t, root in zip(tables.values(), sub.roots, strict=True):
+                    w.line(f"{t}[j] = {names[root]};")
+
+        prog = _with_tables(s.program, hoist, nin)
 
     def body(w: CodeWriter, offs: list[str]) -> None:
         names = print_program(
             w,
-            s.program,
-            lambda i: f"{ins[i]}[{offs[nout + i]}]",
+            prog,
+            lambda i: f"{ins[i]}[{offs[nout + i]}]" if i < nin else f"hv{i - nin}[j]",
             lambda i: f"({offs[nout + nin + i]})",
         )
-        for k, (v, root) in enumerate(zip(s.outputs, s.program.roots, strict=True)):
+        for k, (v, root) in enumerate(zip(s.outputs, prog.roots, strict=True)):
             w.line(f"{outs[k]}[{offs[k]}] = {exprs.store(v.dtype, names[root])};")
 
-    _nest(w, dims, operands, body, _weight(s.program))
+    _nest(w, dims, operands, body, _weight(prog), prologue)
     return _call("ew", a, w)
+
+
+def _with_tables(prog: Program, hoist: Sequence[int], nin: int) -> Program:
+    """`prog` with each hoisted instruction a load of its table (load argument nin + n), and
+    what only they used dropped."""
+    repl = {i: Load(nin + n, prog.instrs[i].dtype) for n, i in enumerate(hoist)}
+    return _live([repl.get(i, ins) for i, ins in enumerate(prog.instrs)], prog.roots)
+
+
+def _live(instrs: Sequence[Instr], roots: Sequence[int]) -> Program:
+    """The instructions `roots` need, renumbered, with those as the roots."""
+    live = set(roots)
+    for i in range(len(instrs) - 1, -1, -1):
+        if i in live:
+            live.update(_operands(instrs[i]))
+    b = ProgramBuilder()
+    ids: dict[int, int] = {}
+    for i, ins in enumerate(instrs):
+        if i not in live:
+            continue
+        match ins:
+            case Un(op, x, dt):
+                ins = Un(op, ids[x], dt)
+            case Bin(op, x, y, dt):
+                ins = Bin(op, ids[x], ids[y], dt)
+            case Sel(c, x, y, dt):
+                ins = Sel(ids[c], ids[x], ids[y], dt)
+        ids[i] = b.add(ins)
+    return b.build([ids[r] for r in roots])
 
 
 def _copy(s: st.Copy) -> CCall:

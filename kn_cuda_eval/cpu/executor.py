@@ -386,6 +386,7 @@ class HostExecutor:
                 plan.steps, plan.outputs, convs, at
             )
             extra = at - scratch + used
+        self.blocked = self._layouts(dnn)  # before the calls: strided steps' views change
         self.arena, self._mm = _arena(scratch + extra if extra else plan.arena_size)
         # unwritten memory reads as NaN, as in the emulator (the constants' part is copied in)
         self.arena[plan.const_size :].fill(0xFF)
@@ -406,6 +407,10 @@ class HostExecutor:
             None if isinstance(s, fuse.Folded) else csource.step_call(s) for s in self.steps
         ]
         subs = [t for ts in self._split.values() for t in ts]
+        if library is not None and any(
+            c is not None and c.kernel.name not in library.index for c in self.calls
+        ):  # a shared library of the plans' steps lacks what the layout pass rewrote
+            library = None
         if library is None and (has_lib or any(c is not None for c in self.calls)):
             # its step loop runs oneDNN's too; the plan's own steps keep every kernel an
             # unfolded activation may need
@@ -418,7 +423,6 @@ class HostExecutor:
         self._keep: list[object] = []  # ctypes arrays the prebuilt calls point into
         self.names: list[str] = []
         self._host: list[Callable[[], None] | None] = []
-        self.blocked = self._layouts(dnn)
         self._packs: set[int] = set()  # steps whose constant operand oneDNN packed
         self._composite: dict[int, list[Any]] = {}  # split attention: runners and C calls
         for k in range(len(plan.steps)):
@@ -492,10 +496,14 @@ class HostExecutor:
                 d = dnn.conv_desc(s, self.threads, CHAIN_LAYOUT, self._posts.get(k, ()))
                 if d is not None:
                     self._descs[k] = d
-        roles = layouts.blocked_roles(self.steps, self.plan.outputs, self._descs)
-        for k in [k for k in self._descs if k not in roles]:
+        choice = layouts.choose_layouts(self.steps, self.plan.outputs, self._descs)
+        for k in [k for k in self._descs if k not in choice.roles]:
             self._descs.pop(k).close()  # made again with the measured plain/blocked pick
-        return roles
+        for k, table in choice.views.items():  # strided steps read and write channels-last
+            step = self.steps[k]
+            assert not isinstance(step, fuse.Folded)
+            self.steps[k] = st.map_views(step, lambda v, t=table: t.get(v, v))  # type: ignore[assignment]
+        return choice.roles
 
     def _library_step(self, k: int, s: st.Step, dnn: Any) -> tuple[Callable[[], None] | None, str]:
         match s:

@@ -586,11 +586,19 @@ class Layout:
     NC(D)HW of the view; `dense`: exactly as many bytes as the plain tensor (no channel padding),
     so it fits the arena region the planner gave the view."""
 
-    def __init__(self, lib: DnnlLib, md: int, plain_md: int, view: StridedView) -> None:
+    def __init__(
+        self, lib: DnnlLib, md: int, plain_md: int, view: StridedView, channels_last: bool
+    ) -> None:
         self._lib, self.md = lib, md
         self.blocked = not lib.fns["dnnl_memory_desc_equal"](md, plain_md)
         size = int(lib.fns["dnnl_memory_desc_get_size"](md))
         self.dense = view.is_dense() and size == view.nbytes
+        rank = len(view.shape)
+        self.order: tuple[int, ...] | None = (
+            (0, *range(2, rank), 1) if channels_last and self.blocked else None
+        )
+        """The logical axes outermost first when the layout is channels-last (a permutation
+        the other steps can read through strides), else None."""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and bool(
@@ -615,8 +623,9 @@ class ConvDesc:
         self.src_md = q(self.pd, QUERY_SRC_MD, 0)
         self.w_md = q(self.pd, QUERY_WEIGHTS_MD, 0)
         self.dst_md = q(self.pd, QUERY_DST_MD, 0)
-        self.src = Layout(lib, self.src_md, self.x_md, step.x)
-        self.dst = Layout(lib, self.dst_md, self.out_md, step.out)
+        nhwc = layout == "nhwc"  # forced: the primitive takes exactly the channels-last tag
+        self.src = Layout(lib, self.src_md, self.x_md, step.x, nhwc)
+        self.dst = Layout(lib, self.dst_md, self.out_md, step.out, nhwc)
 
     def close(self) -> None:
         self.owner.close()

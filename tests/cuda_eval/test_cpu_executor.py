@@ -27,6 +27,7 @@ from kn_cuda_eval.kernels.host_check import run_planner_tests
 from kn_graph import DType, Graph, ReduceOp, Shape, UnaryOp
 from kn_graph.cpu import evaluate
 from kn_graph.errors import EvaluationError, KnError
+from kn_graph.ops import BinaryOp
 from kn_graph.optimizer import optimize
 from tests.cuda_eval.corpus import FIXTURES, cases
 from tests.cuda_eval.helpers import assert_close
@@ -490,3 +491,38 @@ def test_reductions_down_columns_match_the_reference(op: str) -> None:
             lo, hi = v.byte_extent()
             untouched[lo:hi] = False
         assert (ex.arena[: ex.plan.arena_size][untouched] == 0xFF).all(), f"{op} {shape}"
+
+
+def test_row_invariant_work_is_tabulated_once_per_inner_coordinate() -> None:
+    """A scale whose transcendental part reads only a per-channel operand, walked over rows of
+    channels (a channels-last output), computes that part once per channel into a per-thread
+    table (`csource._hoisted`) and still matches the reference; the step is walked in the
+    order its output is stored (`csource.memory_order`). At batch 2 the operand moves along
+    the outer (batch) axis: no table, same results."""
+    from kn_cuda_eval.cpu import csource
+
+    rng = np.random.default_rng(13)
+    for batch in (1, 2):
+        g = Graph()
+        x = g.input(Shape.of(batch, 9, 7, 37), DType.F32, "x")  # channels-last data
+        s = g.input(Shape.of(batch, 37, 1, 1), DType.F32, "s")
+        y = g.binary(
+            BinaryOp.ADD,
+            g.binary(BinaryOp.MUL, g.permute(x, [0, 3, 1, 2]), g.unary(UnaryOp.SIGMOID, s)),
+            g.unary(UnaryOp.TANH, g.binary(BinaryOp.MUL, s, s)),
+        )
+        g.add_output(g.permute(y, [0, 2, 3, 1]), "y")  # stored channels-last too
+        p = plan(g)
+        (ew,) = [t for t in p.steps if isinstance(t, steps.Elementwise)]
+        assert csource.memory_order(ew).outputs[0].strides[-1] == 1
+        src = csource.step_call(ew).kernel.source  # type: ignore[union-attr]
+        tabulated = "hv0[kn_inner]" in src and "hv1[kn_inner]" in src
+        assert tabulated == (batch == 1), src
+        if tabulated:
+            assert src.count("expf") == 1 and src.count("tanhf") == 1  # in the table only
+        feed = [
+            rng.standard_normal((batch, 9, 7, 37)).astype(np.float32),
+            rng.standard_normal((batch, 37, 1, 1)).astype(np.float32),
+        ]
+        ex = HostExecutor(p, threads=2)
+        assert_close(ex.eval(feed)[0], evaluate(g, feed)[0], f"batch {batch}")

@@ -3,8 +3,9 @@ stay in oneDNN's layout between steps.
 
 Two halves. The pass itself on real plans with stand-in layouts (no oneDNN needed): chains
 through convolutions, flat elementwise steps and in-place residuals are kept blocked; anything
-read another way (a reduce, a slice, a broadcast operand, a plan output), a layout that differs
-or pads, stays plain. Then the executor with oneDNN's real choices on graphs built to stress it,
+read another way (a slice, a plan output; a reduce or a broadcast operand unless the layout is
+a permutation such as channels-last, whose strides those steps then take), a layout that
+differs or pads, stays plain. Then the executor with oneDNN's real choices on graphs built to stress it,
 against the reference executor; where oneDNN is missing, the same graphs check the fallback."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class FakeLayout:
     tag: str = "nhwc"
     blocked: bool = True
     dense: bool = True
+    order: tuple[int, ...] | None = None  # channels-last as a permutation, when given
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,75 @@ def test_flat_steps_are_single_axis_one_dtype_without_indices() -> None:
     assert muls and not any(layouts.is_flat(s) for s in muls)
 
 
+def test_permuted_views_take_the_strides_of_the_stored_order() -> None:
+    """A row-major view of a [2, 3, 4, 5] tensor stored channels-last (N, H, W, C): merged H and
+    W keep one stride, merged C and H cannot, a view that is not row-major is refused."""
+    from kn_cuda_eval.view import StridedView
+
+    nhwc = (0, 2, 3, 1)  # element strides: N 60, C 1, H 15, W 3
+    v = StridedView(0, (2, 3, 20), (60, 20, 1), DType.F32)
+    got = layouts.permuted(v, (2, 3, 4, 5), nhwc)
+    assert got is not None and got.strides == (60, 1, 3) and got.offset == 0
+    assert (
+        layouts.permuted(StridedView(0, (2, 12, 5), (60, 5, 1), DType.F32), (2, 3, 4, 5), nhwc)
+        is None
+    )
+    assert (
+        layouts.permuted(StridedView(0, (2, 20, 3), (60, 1, 20), DType.F32), (2, 3, 4, 5), nhwc)
+        is None
+    )
+    one = layouts.permuted(StridedView(0, (1, 3, 20), (60, 20, 1), DType.F32), (1, 3, 4, 5), nhwc)
+    assert one is not None and one.strides[1:] == (1, 3)
+
+
+def _se(c: int = 24, batch: int = 1) -> Graph:
+    """conv → depthwise conv → mean over H, W → 1x1 convs → sigmoid → scale → conv."""
+    g = Graph()
+    x = g.input((batch, c, 8, 8), DType.F32, "x")
+    a = g.silu(g.conv(x, g.constant(_w(c, c, 1, 1))))
+    d = g.silu(g.conv(a, g.constant(_w(c, 1, 3, 3)), padding=(1, 1), groups=c))
+    m = g.reduce(d, [2, 3], ReduceOp.MEAN, keepdims=True)
+    e = g.silu(g.conv(m, g.constant(_w(c // 4, c, 1, 1))))
+    e = g.unary(UnaryOp.SIGMOID, g.conv(e, g.constant(_w(c, c // 4, 1, 1))))
+    y = g.conv(g.binary(BinaryOp.MUL, d, e), g.constant(_w(c, c, 1, 1)))
+    g.add_output(g.reduce(y, [2, 3], ReduceOp.MAX), "y")
+    return g
+
+
+def test_a_channels_last_chain_takes_a_squeeze_and_excitation_along() -> None:
+    """With a permutation layout the mean over H and W and the per-channel scale read the
+    depthwise output as stored (their views rewritten), and the scale writes the projection's
+    input channels-last; with a layout that is no permutation they break the chain."""
+    p = plan(_se())
+    convs = _convs(p)
+    nhwc = {
+        k: FakeFormats(
+            FakeLayout(p.steps[k].x.shape[1:2], order=(0, 2, 3, 1)),
+            FakeLayout(p.steps[k].out.shape[1:2], order=(0, 2, 3, 1)),
+        )
+        for k in convs
+    }
+    # every conv's layouts compare equal when they hold the same channel count
+    choice = layouts.choose_layouts(p.steps, p.outputs, nhwc)
+    dw, proj = convs[1], convs[-1]
+    assert "out" in choice.roles[dw] and "x" in choice.roles[proj]
+    reduce_k = next(k for k, s in enumerate(p.steps) if isinstance(s, st.Reduce))
+    scale_k = next(  # over [C, H·W], not the squeeze's activations over [C/4]
+        k
+        for k, s in enumerate(p.steps)
+        if isinstance(s, st.Elementwise) and k > reduce_k and len(s.shape) == 2
+    )
+    for k in (reduce_k, scale_k):
+        assert k in choice.views, [s.describe() for s in p.steps]
+        for new in choice.views[k].values():
+            assert 1 in new.strides and 24 in new.strides  # C innermost, H·W at a stride of C
+    plain = {
+        k: FakeFormats(FakeLayout(f.src.shape), FakeLayout(f.dst.shape)) for k, f in nhwc.items()
+    }
+    roles = layouts.blocked_roles(p.steps, p.outputs, plain)
+    assert "out" not in roles.get(dw, set())
+
+
 # -- the executor with oneDNN's own layouts ----------------------------------------------------
 
 
@@ -186,6 +257,10 @@ def _graph(case: str) -> tuple[Graph, list[np.ndarray]]:
     elif case == "branchy":
         g = _branchy("slice")
         shape = (1, 8, 6, 6)
+    elif case.startswith("squeeze and excitation"):
+        batch = 2 if "batch 2" in case else 1
+        g = _se(24, batch)
+        shape = (batch, 24, 8, 8)
     else:
         raise AssertionError(case)
     return g, [RNG.standard_normal(shape).astype(np.float32)]
@@ -199,6 +274,8 @@ CASES = [
     "3-d",
     "depthwise and clip between",
     "branchy",
+    "squeeze and excitation",
+    "squeeze and excitation, batch 2",
 ]
 
 
@@ -219,6 +296,9 @@ def test_blocked_chains_match_the_reference(case: str, optimized: bool) -> None:
     assert bool(ex.blocked) == HAVE, (case, ex.blocked)
     if HAVE:
         assert any("blocked" in n for n in ex.names), ex.names
+    if HAVE and case == "squeeze and excitation":  # the depthwise output stays channels-last
+        dw = [k for k, s in enumerate(ex.steps) if isinstance(s, st.Conv) and s.groups > 1]
+        assert dw and all("x,out blocked" in ex.names[k] for k in dw), ex.names
 
 
 def test_resnet_fixture_runs_every_block_in_oneDNN_layout() -> None:
@@ -233,13 +313,18 @@ def test_resnet_fixture_runs_every_block_in_oneDNN_layout() -> None:
             continue
         steps = ex.plan.steps
         convs = [k for k, s in enumerate(steps) if isinstance(s, st.Conv)]
-        # every convolution reads its input blocked but the stem and the first after the max
-        # pool (the pool reads and writes plain views), and all but the last write blocked
+        # every convolution reads its input blocked but the stem and maybe the first after
+        # the max pool, and all but the last write blocked. The pool (an elementwise max over
+        # shifted views of the stem's plain output) writes channels-last as a strided writer
+        # at batch 1; at batch 3 its view merges N and C, which channels-last cannot express
+        assert "x" not in ex.blocked.get(convs[0], ())
         assert all("x" in ex.blocked.get(k, ()) for k in convs[2:]), ex.blocked
         assert all("out" in ex.blocked.get(k, ()) for k in convs[1:-1]), ex.blocked
-        # every residual is read blocked but the first block's (the pool's output)
+        pooled = "x" in ex.blocked.get(convs[1], ())
+        assert pooled == (binds.get("B") == 1), (binds, ex.blocked)
+        # every residual is read blocked, the first block's (the pool's output) as conv 1 is
         residuals = [k for k in convs if steps[k].residual is not None]
-        assert len(residuals) > 2 and "residual" not in ex.blocked[residuals[0]]
+        assert len(residuals) > 2 and ("residual" in ex.blocked[residuals[0]]) == pooled
         assert all("residual" in ex.blocked[k] for k in residuals[1:]), ex.blocked
 
 
