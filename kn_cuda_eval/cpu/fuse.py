@@ -213,8 +213,11 @@ def _moved(
             return None
         writes = s.writes()
         ends = any(w.byte_extent()[0] <= ylo and yhi <= w.byte_extent()[1] for w in writes)
+        if any(_overlap(w, y) for w in writes) and not ends and not reads:
+            # partly overwritten: fine once nothing reads the rest of y (it is dead here)
+            ends = _dead_after(steps, outputs, i - 1, y)  # type: ignore[arg-type]
         if any(_overlap(w, y) for w in writes) and (reads or not ends):
-            return None  # y updated in place, or partly overwritten
+            return None  # y updated in place, or partly overwritten while it lives
         if reads:
             moved = {r: r.with_offset(r.offset + shift) for r in reads}
             s = st.map_views(s, lambda v, m=moved: m.get(v, v))  # type: ignore[arg-type,assignment,misc]

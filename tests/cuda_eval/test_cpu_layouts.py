@@ -440,3 +440,26 @@ def test_an_activation_over_the_convolutions_input_moves_to_a_scratch_slot() -> 
         for got, ref in zip(ex.eval(feed), evaluate(g, feed), strict=True):
             assert_close(got, ref, "moved")
     assert (ex.arena.size > p.arena_size) == HAVE
+
+
+def test_a_moved_activation_may_be_partly_overwritten_once_dead() -> None:
+    """`fuse._moved` (the scratch slot's readers): y's reads move to the slot while y lives; a
+    later step writing part of y's bytes after its last read ends it (EfficientNet: the
+    projection's smaller output over the depthwise activation's bytes), but not while the rest
+    of y is still read."""
+    from kn_cuda_eval.cpu import fuse
+    from kn_cuda_eval.view import StridedView
+
+    f32 = DType.F32
+    y = StridedView.dense(0, (1024,), f32)
+    read = st.Copy(y, StridedView.dense(8192, (1024,), f32))  # reads y
+    part = st.Copy(StridedView.dense(16384, (16,), f32), StridedView.dense(0, (16,), f32))
+    tail = st.Copy(StridedView.dense(64, (16,), f32), StridedView.dense(20480, (16,), f32))
+    slot = 100_000
+    got = fuse._moved([read, read, part], [], 0, y, slot)
+    assert got is not None
+    steps_, last = got
+    assert last == 1 and steps_[0].src.offset == slot  # type: ignore[union-attr]
+    assert steps_[1] == part  # after y's life: unchanged
+    # the rest of y is read after the partial write: y still lives, so no move
+    assert fuse._moved([read, read, part, tail], [], 0, y, slot) is None
