@@ -424,6 +424,8 @@ class HostExecutor:
         self.names: list[str] = []
         self._host: list[Callable[[], None] | None] = []
         self._packs: set[int] = set()  # steps whose constant operand oneDNN packed
+        # one block for every runner's scratchpad and reorder buffers (they run one at a time)
+        self._ws = dnn.Workspace() if dnn is not None else None
         self._composite: dict[int, list[Any]] = {}  # split attention: runners and C calls
         for k in range(len(plan.steps)):
             self._copy_deferred(k)
@@ -457,6 +459,8 @@ class HostExecutor:
                 self._host.append(
                     fn if fn is not None else functools.partial(emulate_step, self.arena, k, s)
                 )
+        if self._ws is not None:
+            self._ws.bind()
         for off, data in self._deferred:  # read by no step built (none expected): kept
             _copy_constant(self.arena, off, data)
         self._deferred.clear()
@@ -522,6 +526,7 @@ class HostExecutor:
                     desc=self._descs.pop(k, None),
                     blocked=roles,
                     post=self._posts.get(k, ()),
+                    workspace=self._ws,
                 )
                 if fn is not None and const_w:
                     self._packs.add(k)
@@ -532,7 +537,9 @@ class HostExecutor:
                 # the graph's right operand (`a` in cuBLAS terms) packed once when constant
                 packed = s.a.byte_extent()[1] <= self.plan.const_size
                 fn = (
-                    dnn.gemm_runner(s, self.arena, self.threads, constant_weights=packed)
+                    dnn.gemm_runner(
+                        s, self.arena, self.threads, constant_weights=packed, workspace=self._ws
+                    )
                     if dnn is not None
                     else None
                 )
@@ -550,7 +557,7 @@ class HostExecutor:
         out: list[Any] = []
         for sub in self._split[k]:
             if isinstance(sub, st.MatMul):
-                r = dnn.gemm_runner(sub, self.arena, self.threads)
+                r = dnn.gemm_runner(sub, self.arena, self.threads, workspace=self._ws)
                 if not isinstance(r, dnn.Runner):
                     return None
                 out.append(r)
