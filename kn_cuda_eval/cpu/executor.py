@@ -9,6 +9,8 @@ step runs the emulator's NumPy function (one log line says so): slower, same res
 
 Host-only choices made over the plan, which itself stays the GPU's (the emulator and the CUDA
 executor see the same steps):
+- `elide`: a copy of a tensor into a bigger buffer (a padding, a concatenation) is written
+  there by the tensor's producer instead, when nothing else reads the tensor;
 - `fuse`: an activation step right after a convolution (SiLU, ReLU6 and other clamps, sigmoid,
   tanh, GELU) is folded into the oneDNN primitive as an eltwise post-op when nothing else reads
   the convolution's raw output;
@@ -47,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from kn_cuda_eval import steps as st
-from kn_cuda_eval.cpu import attention, build, csource, fuse, layouts
+from kn_cuda_eval.cpu import attention, build, csource, elide, fuse, layouts
 from kn_cuda_eval.device.profile import Profile, ProfileRow
 from kn_cuda_eval.emulator import emulate_step, plan_inputs, view_array
 from kn_cuda_eval.plan import Plan
@@ -372,18 +374,23 @@ class HostExecutor:
                     if got is not None:
                         self._split[k], size = got
                         extra = max(extra, size)
-        # the steps as run: activations folded into the convolution before them (`fuse`)
-        self.steps: list[st.Step | fuse.Folded] = list(plan.steps)
+        # the steps as run: copies their producer writes in place (`elide`), activations
+        # folded into the convolution before them (`fuse`)
+        base = elide.elide_copies(plan.steps, plan.outputs)
+        self.steps: list[st.Step | fuse.Folded] = list(base)
         self._posts: dict[int, tuple[fuse.PostOp, ...]] = {}
         if dnn is not None:
             convs = [
                 k
-                for k, s in enumerate(plan.steps)
+                for k, s in enumerate(base)
                 if isinstance(s, st.Conv) and s.out.dtype in (DType.F32, DType.F16)
             ]
             at = scratch + -(-extra // _ALIGN) * _ALIGN
             self.steps, self._posts, used = fuse.fold_activations(
-                plan.steps, plan.outputs, convs, at
+                base,  # type: ignore[arg-type]
+                plan.outputs,
+                convs,
+                at,
             )
             extra = at - scratch + used
         self.blocked = self._layouts(dnn)  # before the calls: strided steps' views change
@@ -441,12 +448,13 @@ class HostExecutor:
                 del self._posts[k]  # the activation writing where its readers now look
                 folded = self.steps[k]
                 assert isinstance(folded, st.Conv)
-                y = plan.steps[k + 1].writes()[0]
+                conv, nxt = base[k], base[k + 1]
+                assert not isinstance(nxt, fuse.Folded)
+                y = nxt.writes()[0]
                 act = st.map_views(
-                    plan.steps[k + 1],
-                    lambda v, y=y, at=folded.out.offset: v.with_offset(at) if v == y else v,
+                    nxt, lambda v, y=y, at=folded.out.offset: v.with_offset(at) if v == y else v
                 )
-                self.steps[k : k + 2] = [plan.steps[k], act]  # type: ignore[list-item]
+                self.steps[k : k + 2] = [conv, act]  # type: ignore[list-item]
                 self.calls[k + 1] = csource.step_call(act)  # type: ignore[arg-type]
                 fn, name = self._library_step(k, self.steps[k], dnn)
             self._release.built(k, k in self._packs)
@@ -511,6 +519,8 @@ class HostExecutor:
 
     def _library_step(self, k: int, s: st.Step, dnn: Any) -> tuple[Callable[[], None] | None, str]:
         match s:
+            case fuse.Folded(original=st.Copy()):
+                return _nothing, f"copy written in place by step {s.into}"
             case fuse.Folded():
                 return _nothing, f"folded into step {s.into}"
             case st.Conv():

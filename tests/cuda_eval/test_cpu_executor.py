@@ -526,3 +526,46 @@ def test_row_invariant_work_is_tabulated_once_per_inner_coordinate() -> None:
         ]
         ex = HostExecutor(p, threads=2)
         assert_close(ex.eval(feed)[0], evaluate(g, feed)[0], f"batch {batch}")
+
+
+def test_copies_into_a_concatenation_are_written_in_place_by_their_producer() -> None:
+    """A UNet-style concatenation of two convolutions' outputs (each used once): the planner
+    copies them into the concatenated buffer; the host executor has the convolutions write
+    there (`kn_cuda_eval.cpu.elide`) and skips the copies, with the reference's results. A
+    tensor read again after its copy keeps its copy."""
+    from kn_cuda_eval.cpu import elide
+
+    rng = np.random.default_rng(14)
+
+    def w(k: int, c: int) -> np.ndarray:
+        return (rng.standard_normal((k, c, 3, 3)) * 0.2).astype(np.float32)
+
+    for reuse in (False, True):
+        g = Graph()
+        x = g.input(Shape.of(1, 6, 9, 9), DType.F32, "x")
+        a = g.conv(x, g.constant(w(8, 6)), padding=(1, 1))
+        b = g.conv(x, g.constant(w(5, 6)), padding=(1, 1))
+        cat = g.concat([a, b], 1)
+        y = g.conv(cat, g.constant(w(4, 13)), padding=(1, 1))
+        y = g.relu(y)
+        if reuse:  # b is read after the concatenation too: its own bytes must stay
+            y = g.binary(BinaryOp.ADD, y, g.reduce(b, [1], ReduceOp.SUM, keepdims=True))
+        g.add_output(y, "y")
+        p = plan(g)
+        copies = [k for k, s in enumerate(p.steps) if isinstance(s, steps.Copy)]
+        assert copies, [s.describe() for s in p.steps]
+        elided = [
+            k
+            for k, s in enumerate(elide.elide_copies(p.steps, p.outputs))
+            if k in copies and not isinstance(s, steps.Copy)
+        ]
+        # b's copy goes when b is not read again (a's stays: the planner gives the
+        # concatenation x's bytes, which b's convolution, in between, still reads)
+        b_out = next(s.out for s in p.steps if isinstance(s, steps.Conv) and s.out.shape[1] == 5)
+        b_copy = next(k for k in copies if p.steps[k].src.byte_extent() == b_out.byte_extent())  # type: ignore[union-attr]
+        assert (b_copy in elided) == (not reuse), (reuse, elided, copies)
+        ex = HostExecutor(p, threads=2)
+        feed = [rng.standard_normal((1, 6, 9, 9)).astype(np.float32)]
+        for _ in range(2):
+            assert_close(ex.eval(feed)[0], evaluate(g, feed)[0], f"reuse={reuse}")
+        assert sum("copy written in place" in n for n in ex.names) == len(elided)
