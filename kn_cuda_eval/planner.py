@@ -27,7 +27,7 @@ import numpy as np
 from kn_cuda_eval import steps as st
 from kn_cuda_eval.lazy import Lazy, combine
 from kn_cuda_eval.memory import BufferKind
-from kn_cuda_eval.program import Bin, Const, Index, Load, Program, ProgramBuilder, Sel, Un
+from kn_cuda_eval.program import Bin, Const, Index, Load, Program, ProgramBuilder, Sel, Un, prune
 from kn_cuda_eval.view import StridedView, coalesce
 from kn_graph.dtype import DType
 from kn_graph.errors import ArgumentTypeError, ArgumentValueError, KnError, PlanError
@@ -146,43 +146,7 @@ def _combine(
         ids = pb.splice(e.program, lm, im)
         roots.append(ids[e.program.roots[0]])
     root = op(pb, roots)
-    return st.Expr(shape, tuple(inputs), tuple(indices), _prune(pb.build([root])))
-
-
-def _prune(p: Program) -> Program:
-    """Drop instructions the root does not need (splicing keeps whole operand programs)."""
-    need = [False] * len(p.instrs)
-    for r in p.roots:
-        need[r] = True
-    for i in range(len(p.instrs) - 1, -1, -1):
-        if need[i]:
-            match p.instrs[i]:
-                case Un(_, x):
-                    need[x] = True
-                case Bin(_, a, b):
-                    need[a] = need[b] = True
-                case Sel(c, a, b):
-                    need[c] = need[a] = need[b] = True
-                case _:
-                    pass
-    if all(need):
-        return p
-    pb = ProgramBuilder()
-    ids: dict[int, int] = {}
-    for i, ins in enumerate(p.instrs):
-        if not need[i]:
-            continue
-        match ins:
-            case Un(op, x, dt):
-                ins = Un(op, ids[x], dt)
-            case Bin(op, a, b, dt):
-                ins = Bin(op, ids[a], ids[b], dt)
-            case Sel(c, a, b, dt):
-                ins = Sel(ids[c], ids[a], ids[b], dt)
-            case _:
-                pass
-        ids[i] = pb.add(ins)
-    return pb.build([ids[r] for r in p.roots])
+    return st.Expr(shape, tuple(inputs), tuple(indices), prune(pb.build([root])))
 
 
 def _compact(e: st.Expr) -> st.Expr:

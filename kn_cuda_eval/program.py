@@ -14,7 +14,18 @@ from dataclasses import dataclass
 from kn_graph.dtype import DType
 from kn_graph.ops import BinaryOp, UnaryOp
 
-__all__ = ["Bin", "Const", "Index", "Instr", "Load", "Program", "ProgramBuilder", "Sel", "Un"]
+__all__ = [
+    "Bin",
+    "Const",
+    "Index",
+    "Instr",
+    "Load",
+    "Program",
+    "ProgramBuilder",
+    "Sel",
+    "Un",
+    "prune",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,3 +147,40 @@ class ProgramBuilder:
 
     def build(self, roots: Sequence[int]) -> Program:
         return Program(tuple(self.instrs), tuple(roots))
+
+
+def prune(p: Program) -> Program:
+    """`p` without the instructions its roots do not need (splicing keeps whole operand
+    programs; a rewrite may orphan some)."""
+    need = [False] * len(p.instrs)
+    for r in p.roots:
+        need[r] = True
+    for i in range(len(p.instrs) - 1, -1, -1):
+        if need[i]:
+            match p.instrs[i]:
+                case Un(_, x):
+                    need[x] = True
+                case Bin(_, a, b):
+                    need[a] = need[b] = True
+                case Sel(c, a, b):
+                    need[c] = need[a] = need[b] = True
+                case _:
+                    pass
+    if all(need):
+        return p
+    pb = ProgramBuilder()
+    ids: dict[int, int] = {}
+    for i, ins in enumerate(p.instrs):
+        if not need[i]:
+            continue
+        match ins:
+            case Un(op, x, dt):
+                ins = Un(op, ids[x], dt)
+            case Bin(op, a, b, dt):
+                ins = Bin(op, ids[a], ids[b], dt)
+            case Sel(c, a, b, dt):
+                ins = Sel(ids[c], ids[a], ids[b], dt)
+            case _:
+                pass
+        ids[i] = pb.add(ins)
+    return pb.build([ids[r] for r in p.roots])

@@ -35,7 +35,7 @@ from kn_cuda_eval.kernels import exprs
 from kn_cuda_eval.kernels.launch import print_program
 from kn_cuda_eval.kernels.rows import _acc_type, _extreme
 from kn_cuda_eval.kernels.template import CodeWriter
-from kn_cuda_eval.program import Bin, Const, Index, Instr, Load, Program, ProgramBuilder, Sel, Un
+from kn_cuda_eval.program import Bin, Const, Index, Instr, Load, Program, Sel, Un, prune
 from kn_cuda_eval.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.ops import ReduceOp, UnaryOp
@@ -353,24 +353,7 @@ def _with_tables(prog: Program, hoist: Sequence[int], nin: int) -> Program:
 
 def _live(instrs: Sequence[Instr], roots: Sequence[int]) -> Program:
     """The instructions `roots` need, renumbered, with those as the roots."""
-    live = set(roots)
-    for i in range(len(instrs) - 1, -1, -1):
-        if i in live:
-            live.update(_operands(instrs[i]))
-    b = ProgramBuilder()
-    ids: dict[int, int] = {}
-    for i, ins in enumerate(instrs):
-        if i not in live:
-            continue
-        match ins:
-            case Un(op, x, dt):
-                ins = Un(op, ids[x], dt)
-            case Bin(op, x, y, dt):
-                ins = Bin(op, ids[x], ids[y], dt)
-            case Sel(c, x, y, dt):
-                ins = Sel(ids[c], ids[x], ids[y], dt)
-        ids[i] = b.add(ins)
-    return b.build([ids[r] for r in roots])
+    return prune(Program(tuple(instrs), tuple(roots)))
 
 
 def _copy(s: st.Copy) -> CCall:

@@ -37,7 +37,7 @@ def elide_copies(
 ) -> list[st.Step | Folded]:
     out: list[st.Step | Folded] = list(steps)
     for j, s in enumerate(out):
-        if not isinstance(s, st.Copy) or not _row_major(s.src):
+        if not isinstance(s, st.Copy) or not s.src.is_dense():
             continue
         k = _producer(out, j, s.src)
         if k is None:
@@ -47,7 +47,7 @@ def elide_copies(
         written = _written(p)
         if written is None or written.byte_extent() != s.src.byte_extent():
             continue
-        if not _row_major(written) or written.dtype is not s.src.dtype:
+        if not written.is_dense() or written.dtype is not s.src.dtype:
             continue
         target = s.dst.reshape(written.shape)
         if target is None or (isinstance(p, st.Conv) and any(t <= 0 for t in target.strides)):
@@ -95,16 +95,6 @@ def _rewrite(s: st.Step, old: StridedView, new: StridedView) -> st.Step:
         return dataclasses.replace(s, dst=new)
     assert isinstance(s, st.Elementwise)
     return dataclasses.replace(s, outputs=(new,))
-
-
-def _row_major(v: StridedView) -> bool:
-    """Dense and in row-major order (axes of size 1 aside)."""
-    step = 1
-    for d, t in zip(reversed(v.shape), reversed(v.strides), strict=True):
-        if d != 1 and t != step:
-            return False
-        step *= d
-    return True
 
 
 def _touches(a: StridedView, b: StridedView) -> bool:

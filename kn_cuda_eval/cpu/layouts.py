@@ -133,8 +133,7 @@ def permuted(view: StridedView, logical: Sequence[int], order: Sequence[int]) ->
     view."""
     if sorted(order) != list(range(len(logical))) or math.prod(view.shape) != math.prod(logical):
         return None
-    mine = tuple(0 if n == 1 else t for n, t in zip(view.shape, view.strides, strict=True))
-    if mine != _row_major(view.shape):
+    if not view.is_dense():  # row-major contiguous
         return None
     mem = [0] * len(logical)
     step = 1
@@ -160,16 +159,6 @@ def permuted(view: StridedView, logical: Sequence[int], order: Sequence[int]) ->
             return None
         strides.append(inner)
     return StridedView(view.offset, view.shape, tuple(strides), view.dtype)
-
-
-def _row_major(shape: Sequence[int]) -> tuple[int, ...]:
-    """Row-major element strides, 0 on axes of size 1."""
-    out = [0] * len(shape)
-    step = 1
-    for i in range(len(shape) - 1, -1, -1):
-        out[i] = step if shape[i] != 1 else 0
-        step *= shape[i]
-    return tuple(out)
 
 
 def _same_region(r: StridedView, v: _Value) -> bool:
