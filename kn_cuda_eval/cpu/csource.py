@@ -277,7 +277,13 @@ def _hoisted(s: st.Elementwise) -> list[int]:
     for i, ins in enumerate(prog.instrs):
         if not fixed[i]:
             used_by_moving.update(_operands(ins))
-    return [i for i in range(len(prog.instrs)) if fixed[i] and heavy[i] and i in used_by_moving]
+    # (a table holds the compute type, and a load converts only from a storage type: no f16)
+    same = [exprs.load(ins.dtype, "x") == "x" for ins in prog.instrs]
+    return [
+        i
+        for i in range(len(prog.instrs))
+        if fixed[i] and heavy[i] and same[i] and i in used_by_moving
+    ]
 
 
 def _operands(ins: Instr) -> tuple[int, ...]:
