@@ -24,8 +24,9 @@ from kn_cuda_eval.memory import ALIGN, Buffer, BufferKind, MemoryReport, align, 
 from kn_cuda_eval.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.errors import ArgumentTypeError, ArgumentValueError, PlanError
+from kn_graph.filemap import check_all, check_unchanged
 from kn_graph.graph import Graph
-from kn_graph.ops import Dynamic
+from kn_graph.ops import Constant, Dynamic
 
 if TYPE_CHECKING:
     from kn_cuda_eval.kernels.launch import KernelLaunch
@@ -130,6 +131,8 @@ def plan(
     from kn_cuda_eval.planner import PlanSettings, _Planner, bind_symbols
 
     _check_arguments(graph, batch_size, bindings, settings)
+    # the planner reads constants (folds, checks): a rewritten mapped model file is our error
+    check_all(i.op.tensor.array for i in graph.value_infos() if isinstance(i.op, Constant))
     if graph.has_dynamic:
         kinds = sorted({i.op.kind for i in graph.value_infos() if isinstance(i.op, Dynamic)})
         raise PlanError(
@@ -222,10 +225,12 @@ def _finish(graph: Graph, p: object, binds: dict[str, int]) -> Plan:
     buffers: list[Buffer] = []
     constants: list[tuple[int, np.ndarray]] = []
     pos = 0
+    checked: set[int] = set()  # mapped model files found unchanged
     for b, buf in enumerate(p.bufs):
         if buf.kind is BufferKind.CONST and (last[b] >= 0 or first[b] >= 0):
             base[b] = pos
             assert buf.data is not None
+            check_unchanged(buf.data, checked)  # every backend copies them from the plan
             constants.append((pos, buf.data))
             buffers.append(Buffer(buf.name, buf.kind, pos, buf.size, 0, end))
             pos += align(buf.size)

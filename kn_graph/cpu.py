@@ -30,6 +30,7 @@ from kn_graph.errors import (
     KnError,
     ShapeMismatchError,
 )
+from kn_graph.filemap import check_unchanged
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
     Attention,
@@ -200,8 +201,11 @@ def evaluate(
     held = 0
     owned = [0] * len(infos)
     memo: dict[Dynamic, list[np.ndarray]] = {}  # the results of each Dynamic op
+    checked: set[int] = set()  # mapped model files found unchanged (one stat each)
     for i, info in enumerate(infos):
         try:
+            if isinstance(info.op, Constant):
+                check_unchanged(info.op.tensor.array, checked)
             if isinstance(info.op, Dynamic):
                 bindings = _run_dynamic(graph, info.op, env, bindings, memo)
             shape = info.shape.eval(bindings)

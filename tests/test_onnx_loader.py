@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 import onnx
@@ -240,3 +241,38 @@ def test_damaged_model_files_are_our_errors(tmp_path) -> None:
     empty.write_bytes(b"")
     with pytest.raises(OnnxImportError, match="no graph"):
         load_onnx(empty)
+
+
+def test_a_model_file_rewritten_in_place_is_a_clear_error(tmp_path) -> None:
+    """Mapped weights and a file rewritten in place (what torch.onnx.export and onnx.save do to
+    an existing path): the reference executor and the planner raise our error instead of
+    reading new bytes or faulting past a truncated end. A file replaced by rename keeps the
+    mapped one alive: the graph still gives its own results."""
+    import pytest
+
+    from kn_cuda_eval import plan
+    from kn_graph.errors import EvaluationError
+    from kn_graph.optimizer import optimize
+
+    rng = np.random.default_rng(6)
+    m, _ = _mlp_with_odd_names(rng)
+    x = rng.standard_normal((2, 48)).astype(np.float32)
+    path = tmp_path / "m.onnx"
+    onnx.save_model(m, path)
+    g = load_onnx(path)
+    want = evaluate(g, [x])[0]
+    other = tmp_path / "other.onnx"
+    m2, _ = _mlp_with_odd_names(np.random.default_rng(7))
+    onnx.save_model(m2, other)
+    os.replace(other, path)  # a new inode at the path: the map keeps the old file
+    np.testing.assert_array_equal(evaluate(g, [x])[0], want)
+    g = load_onnx(path)
+    want = evaluate(g, [x])[0]
+    with open(path, "r+b") as f:  # rewritten in place, shorter
+        f.truncate(1000)
+    with pytest.raises(EvaluationError, match="rewritten since it was loaded"):
+        evaluate(g, [x])
+    with pytest.raises(EvaluationError, match="rewritten since it was loaded"):
+        plan(g, batch_size=2)
+    with pytest.raises(EvaluationError, match="rewritten since it was loaded"):
+        optimize(g)

@@ -59,8 +59,8 @@ from kn_cuda_eval.view import StridedView
 from kn_graph.cpu import bind_shapes
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
+from kn_graph.filemap import release_pages
 from kn_graph.graph import Graph
-from kn_graph.onnx.mapped import release_pages
 from kn_graph.shape import BATCH
 
 __all__ = ["HostExecutor", "HostLibrary", "HostPreparedGraph", "default_threads"]

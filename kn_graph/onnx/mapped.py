@@ -12,22 +12,26 @@ again from the file. External-data files are mapped the same way.
 
 The trade-off is the one of every mapped-weights loader: the file must not be truncated or
 rewritten while a graph loaded from it is alive (`load_onnx(..., mmap=False)` reads the
-weights into memory instead).
+weights into memory instead). Rewriting it in place — what `torch.onnx.export` and
+`onnx.save` do to an existing path — is caught where the weights are read (`check_unchanged`:
+the reference executor, and `plan` for every other backend) as a clear `EvaluationError`
+instead of wrong weights or a crash on pages past the new end; a file replaced by rename or
+deleted leaves the mapped one intact and the graph working.
 """
 
 from __future__ import annotations
 
 import mmap
-import os
 from pathlib import Path
 
-import numpy as np
+from kn_graph.filemap import MappedFile, check_unchanged, release_pages
 
 __all__ = [
     "MAPPED_LOCATION",
     "MIN_MAPPED",
     "FileMaps",
     "MappedFile",
+    "check_unchanged",
     "release_pages",
     "strip_initializers",
 ]
@@ -48,23 +52,6 @@ _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
 
-class MappedFile:
-    """A read-only map of one file, kept alive by the arrays viewing it."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        with open(self.path, "rb") as f:
-            self.size = os.fstat(f.fileno()).st_size
-            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
-
-    def view(self, offset: int, length: int) -> memoryview:
-        """Bytes [offset, offset + length) of the file, without a copy (the caller checked
-        them against the size)."""
-        if self.map is None:
-            return memoryview(b"")
-        return memoryview(self.map)[offset : offset + length]
-
-
 class FileMaps:
     """The maps one model's loads share: the model file's own (`model`, for tensors stripped by
     `strip_initializers`) and its external-data files' (made on first use; none when
@@ -82,29 +69,6 @@ class FileMaps:
         if m is None:
             m = self._files[path] = MappedFile(path)
         return m
-
-
-def release_pages(arr: np.ndarray) -> int:
-    """Hand back the resident pages of `arr` when it views a read-only file map (a mapped
-    initializer): the pages are clean copies of the file, so a later read faults them in
-    again. Returns the bytes released (0 for memory of any other kind)."""
-    root: object = arr
-    while isinstance(root, np.ndarray):
-        root = root.base
-    if isinstance(root, memoryview):
-        root = root.obj
-    if not isinstance(root, mmap.mmap) or arr.nbytes == 0 or root.closed:
-        return 0
-    base = np.frombuffer(root, np.uint8).ctypes.data
-    lo = arr.ctypes.data - base
-    hi = lo + arr.nbytes
-    page = mmap.PAGESIZE
-    lo = lo // page * page  # neighbours' pages may go too: they fault back from the file
-    hi = min(-(-hi // page) * page, len(root))
-    if not 0 <= lo < hi:
-        return 0
-    root.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-    return hi - lo
 
 
 class _Malformed(Exception):

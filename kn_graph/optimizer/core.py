@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import assert_never
 
+from kn_graph.filemap import check_all
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
     Attention,
@@ -241,6 +242,7 @@ def optimize(graph: Graph, settings: OptimizerSettings | None = None) -> Graph:
     %6: f32[4] = add(%3, %5)
     outputs: %6 "y"
     """
+    check_all(i.op.tensor.array for i in graph.value_infos() if isinstance(i.op, Constant))
     settings = settings or OptimizerSettings()
     g = graph
     for _ in range(max(1, settings.max_rounds)):
