@@ -419,10 +419,19 @@ class HostExecutor:
         ):  # a shared library of the plans' steps lacks what the layout pass rewrote
             library = None
         if library is None and (has_lib or any(c is not None for c in self.calls)):
-            # its step loop runs oneDNN's too; the plan's own steps keep every kernel an
-            # unfolded activation may need
-            ran = [t for t in self.steps if not isinstance(t, fuse.Folded)]
-            library = HostLibrary.for_plans([plan], [*ran, *subs])
+            # its step loop runs oneDNN's too: the calls' kernels (generated once, above), the
+            # folded activations' (run again if oneDNN declines their convolution) and split
+            # attention's softmaxes
+            acts = [
+                t.original
+                for t in self.steps
+                if isinstance(t, fuse.Folded) and not isinstance(t.original, st.Copy)
+            ]
+            if build.compiler() is None:
+                _no_compiler_note()
+            else:
+                more = [csource.step_call(t) for t in [*acts, *subs]]
+                library = HostLibrary([c.kernel for c in [*self.calls, *more] if c is not None])
         self.library = library
         if library is not None:
             library.set_threads(self.threads)
