@@ -729,6 +729,8 @@ def conv_desc(
         raise ValueError(f"conv_desc: layout {layout!r} is not 'blocked', 'plain' or in {_TAGS}")
     if layout in _TAGS and len(x.shape) not in _TAGS[layout]:
         return None
+    if available() is not None:  # before binding OpenMP: that loads oneDNN's libgomp
+        return None
     _omp_set_num_threads()(_threads(threads))
     return _build(step, lambda lib, o: _conv_desc(lib, o, step, dt, layout, tuple(post)))
 
