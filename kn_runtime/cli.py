@@ -1,6 +1,9 @@
 """`kn-run`: load an ONNX model, optimize it when the optimizer is available, run it on random or
-given inputs, and print output shapes, a checksum and the time per evaluation; on a CUDA device
-also the difference from the CPU executor, and with --profile the device time of every step.
+given inputs, and print output shapes, a checksum, and three times: prepare (planning, compiled C
+steps, oneDNN primitives and packed weights, or CUDA kernels: what onnxruntime's session creation
+does), the first evaluation, and the steady state (the median of later evaluations: a few, or
+--runs with --bench); on a CUDA device also the difference from the CPU executor, and with
+--profile the device time of every step.
 
     kn-run                       # the embedded default model
     kn-run model.onnx --batch 4 --bench
@@ -27,7 +30,7 @@ from kn_graph.errors import KnError, OnnxImportError, StaticInputRequiredError
 from kn_graph.graph import Graph
 from kn_graph.onnx import ValueSpecializedModel, load_onnx
 from kn_graph.shape import BATCH, infer_symbols
-from kn_runtime.device import Device
+from kn_runtime.device import Device, PreparedGraph
 
 __all__ = ["default_model_path", "main", "random_inputs"]
 
@@ -140,8 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         "oneDNN); cpu-reference: the NumPy reference executor; cpu-fast: the same as cpu",
     )
     ap.add_argument("--threads", type=int, help="intra-op threads of --device cpu")
-    ap.add_argument("--bench", action="store_true", help="time repeated evaluations")
-    ap.add_argument("--runs", default="10", help="evaluations for --bench")
+    ap.add_argument(
+        "--bench",
+        action="store_true",
+        help="time --runs evaluations after the first (default: a few, within about a second)",
+    )
+    ap.add_argument("--runs", default="10", help="evaluations timed with --bench (default 10)")
     ap.add_argument("--no-optimize", action="store_true", help="run the graph as loaded")
     ap.add_argument("--print-graph", action="store_true", help="print the graph")
     ap.add_argument(
@@ -246,7 +253,16 @@ def _run(args: argparse.Namespace) -> int:
         from kn_cuda_eval.device import ExecutorSettings
 
         settings = ExecutorSettings(cuda_graphs=not args.no_cuda_graphs, tf32=args.tf32)
-    prepared = device.prepare(graph, settings=settings)
+    # a batch size given to prepare fixes the only free symbol: the plan is made (and compiled)
+    # there, as onnxruntime makes its session, so the first evaluation is an evaluation; other
+    # symbols (and data-dependent sizes) are bound per call, so their first evaluation plans
+    lazy = sorted(symbols - {BATCH})
+    if graph.has_dynamic:
+        lazy.append("data-dependent sizes")
+    batch = bindings.get(BATCH) if BATCH in symbols and not lazy else None
+    t0 = time.perf_counter()
+    prepared = device.prepare(graph, batch, settings=settings)
+    t_prepare = time.perf_counter() - t0
     t0 = time.perf_counter()
     outputs = prepared.eval(inputs)
     t_first = time.perf_counter() - t0
@@ -264,14 +280,19 @@ def _run(args: argparse.Namespace) -> int:
         print(
             f"output {name}: {DType.from_np(a.dtype)}{list(a.shape)}  sum={checksum:.6g}  mean_abs={float(np.mean(np.abs(a.astype(np.float64)))) if a.size else 0.0:.6g}"
         )
-    times = [t_first]
-    if args.bench:
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            prepared.eval(inputs)
-            times.append(time.perf_counter() - t0)
-    print(f"time per evaluation: {statistics.median(times) * 1e3:.2f} ms (median of {len(times)})")
+    print(f"prepare: {t_prepare * 1e3:.2f} ms")
+    note = f"  (planned for this binding: {', '.join(lazy)} bound per call)" if lazy else ""
+    print(f"first evaluation: {t_first * 1e3:.2f} ms{note}")
+    times = _steady_times(prepared, inputs, runs if args.bench else None, None if lazy else t_first)
+    if times:
+        print(
+            f"time per evaluation: {statistics.median(times) * 1e3:.2f} ms "
+            f"(median of {len(times)} after the first)"
+        )
+    else:
+        print(
+            f"time per evaluation: not timed (the first took over {QUICK_BUDGET_S:g} s: use --bench)"
+        )
     if (device.kind != "cpu" or device.fast) and not args.no_check:
         ref = Device.cpu(reference=True).prepare(graph).eval(inputs)
         print(f"difference from the CPU executor: {_difference(outputs, ref)}")
@@ -285,6 +306,31 @@ def _run(args: argparse.Namespace) -> int:
         else:
             print(prepared.profile(inputs))
     return 0
+
+
+QUICK_RUNS = 5
+"""Evaluations timed after the first without --bench, while they take QUICK_BUDGET_S seconds or
+less in all (none when the first took longer)."""
+QUICK_BUDGET_S = 1.0
+
+
+def _steady_times(
+    prepared: PreparedGraph, inputs: list[np.ndarray], runs: int | None, t_first: float | None
+) -> list[float]:
+    """Seconds of evaluations after the first: `runs` of them (--bench), else a few quick ones
+    (up to QUICK_RUNS within QUICK_BUDGET_S), so that a plain run shows the steady state of a
+    small model without keeping a large one busy. `t_first` None: the first evaluation also
+    planned, so it says nothing of the cost of the next (at least one is timed)."""
+    if runs is None and t_first is not None and t_first > QUICK_BUDGET_S:
+        return []
+    times: list[float] = []
+    for _ in range(QUICK_RUNS if runs is None else runs):
+        t0 = time.perf_counter()
+        prepared.eval(inputs)
+        times.append(time.perf_counter() - t0)
+        if runs is None and sum(times) > QUICK_BUDGET_S:
+            break
+    return times
 
 
 def _difference(got: list[np.ndarray], ref: list[np.ndarray]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,21 @@ from kn_graph.onnx import load_onnx
 from kn_runtime.cli import default_model_path, main, random_inputs
 
 MODELS = Path(__file__).parent / "models"
+TIMES = re.compile(
+    r"^prepare: (?P<prepare>\d+\.\d+) ms\n"
+    r"first evaluation: (?P<first>\d+\.\d+) ms(?P<note>.*)\n"
+    r"time per evaluation: (?P<steady>\d+\.\d+) ms \(median of (?P<n>\d+) after the first\)$",
+    re.MULTILINE,
+)
+
+
+def printed_times(out: str) -> dict[str, str]:
+    """The three timing lines of a kn-run printout (prepare, first, steady state), parsed."""
+    m = TIMES.search(out)
+    assert m is not None, out
+    for k in ("prepare", "first", "steady"):
+        float(m[k])
+    return m.groupdict()
 
 
 def test_default_model_ships_in_the_package() -> None:
@@ -22,7 +38,8 @@ def test_kn_run_default_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 0
     out = capsys.readouterr().out
     assert "resnet_tiny.onnx" in out and "output logits: f32[1, 10]" in out
-    assert "time per evaluation" in out
+    t = printed_times(out)  # planning and compilation are prepare's: the first call only runs
+    assert t["note"] == "" and 1 <= int(t["n"]) <= 5
 
 
 def test_kn_run_checksum_matches_direct_evaluation(capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,7 +60,21 @@ def test_kn_run_given_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_kn_run_bench(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--bench", "--runs", "2"]) == 0
-    assert "median of 2" in capsys.readouterr().out
+    assert printed_times(capsys.readouterr().out)["n"] == "2"
+
+
+def test_kn_run_times_on_the_reference_executor(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--device", "cpu-reference", "--batch", "2", "--bench", "--runs", "3"]) == 0
+    assert printed_times(capsys.readouterr().out)["n"] == "3"
+
+
+def test_kn_run_first_evaluation_plans_when_sizes_are_bound_per_call(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [str(MODELS / "resnet_hw_dynamo.onnx"), "--dim", "height=32", "--dim", "width=32"]
+    assert main([*args, "--no-check"]) == 0
+    t = printed_times(capsys.readouterr().out)
+    assert "planned for this binding: height, width bound per call" in t["note"]
 
 
 def test_kn_run_missing_model_is_one_clean_line(capsys: pytest.CaptureFixture[str]) -> None:
