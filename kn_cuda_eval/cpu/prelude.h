@@ -65,14 +65,24 @@ static inline half __double2half(double d) {
 KN_FLOAT_HELPERS(float, f, fmodf)
 KN_FLOAT_HELPERS(double, d, fmod)
 
-#define KN_INT_HELPERS(T, S)                                                                    \
+// Division and remainder by 0, and (signed) by -1, are answered without dividing: C leaves x / 0
+// and INT_MIN / -1 undefined and x86's idiv traps (SIGFPE) on both. As the reference executor:
+// x / 0 = 0, x % 0 = 0, x / -1 = -x wrapping (INT_MIN / -1 = INT_MIN, as onnxruntime), x % -1 = 0.
+// KN_ZERO_OR_MINUS_ONE is one unsigned compare, the same cost as the zero test it replaces.
+#define KN_ZERO_OR_MINUS_ONE(T, U, b) ((T)-1 < (T)0 ? (U)((U)(b) + 1u) <= 1u : (b) == 0)
+#define KN_INT_HELPERS(T, S, U)                                                                 \
     static inline T kn_pymod_i_##S(T a, T b) {                                                  \
-        if (b == 0) return 0;                                                                   \
-        T r = a % b;                                                                            \
+        if (KN_ZERO_OR_MINUS_ONE(T, U, b)) return 0;                                            \
+        T r = (T)(a % b);                                                                       \
         return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;                               \
     }                                                                                           \
-    static inline T kn_ifmod_##S(T a, T b) { return b == 0 ? 0 : (T)(a % b); }                  \
-    static inline T kn_idiv_##S(T a, T b) { return b == 0 ? 0 : (T)(a / b); }                   \
+    static inline T kn_ifmod_##S(T a, T b) {                                                    \
+        return KN_ZERO_OR_MINUS_ONE(T, U, b) ? (T)0 : (T)(a % b);                               \
+    }                                                                                           \
+    static inline T kn_idiv_##S(T a, T b) {                                                     \
+        if (KN_ZERO_OR_MINUS_ONE(T, U, b)) return b == 0 ? (T)0 : (T)((U)0 - (U)a);             \
+        return (T)(a / b);                                                                      \
+    }                                                                                           \
     static inline T kn_ipow_##S(T a, T b) {                                                     \
         if (b < 0) return a == 1 ? 1 : (a == (T)-1 ? ((b & 1) ? (T)-1 : 1) : 0);                \
         T r = 1;                                                                                \
@@ -85,16 +95,16 @@ KN_FLOAT_HELPERS(double, d, fmod)
     static inline T kn_shr_##S(T a, T b) {                                                      \
         return (b < 0 || b >= (T)(8 * sizeof(T))) ? (T)(a < 0 ? -1 : 0) : (T)(a >> b);          \
     }
-KN_INT_HELPERS(signed char, i8)
-KN_INT_HELPERS(short, i16)
-KN_INT_HELPERS(int, i32)
-KN_INT_HELPERS(long, il)
-KN_INT_HELPERS(long long, i64)
-KN_INT_HELPERS(unsigned char, u8)
-KN_INT_HELPERS(unsigned short, u16)
-KN_INT_HELPERS(unsigned int, u32)
-KN_INT_HELPERS(unsigned long, ul)
-KN_INT_HELPERS(unsigned long long, u64)
+KN_INT_HELPERS(signed char, i8, unsigned char)
+KN_INT_HELPERS(short, i16, unsigned short)
+KN_INT_HELPERS(int, i32, unsigned int)
+KN_INT_HELPERS(long, il, unsigned long)
+KN_INT_HELPERS(long long, i64, unsigned long long)
+KN_INT_HELPERS(unsigned char, u8, unsigned char)
+KN_INT_HELPERS(unsigned short, u16, unsigned short)
+KN_INT_HELPERS(unsigned int, u32, unsigned int)
+KN_INT_HELPERS(unsigned long, ul, unsigned long)
+KN_INT_HELPERS(unsigned long long, u64, unsigned long long)
 
 #define KN_INT_GENERIC(F, a, b)                                                                 \
     _Generic((a), signed char: F##_i8, short: F##_i16, int: F##_i32, long: F##_il,              \
