@@ -30,6 +30,7 @@ Prints the tables as Markdown (for `benchmarks/RESULTS.md`); --markdown also wri
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -42,6 +43,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from _real_models import export_or_why, import_real_models
@@ -118,8 +120,9 @@ def child_ours(path: Path) -> dict[str, Any]:
     from kn_cuda_eval.cpu import build, executor
     from kn_runtime import Device
 
+    onednn: ModuleType | None
     try:
-        from kn_cuda_eval.cpu import onednn
+        onednn = importlib.import_module("kn_cuda_eval.cpu.onednn")
     except ImportError:
         onednn = None
     t_import = time.perf_counter() - t0
