@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -31,6 +32,9 @@ from kn_graph.onnx.context import HANDLERS, MAX_RANK, Known, NodeContext, Result
 from kn_graph.onnx.mapped import MAPPED_LOCATION, FileMaps, MappedFile, strip_initializers
 from kn_graph.ops import Constant, Tensor, Value
 from kn_graph.shape import BATCH, Shape, Size, SizeLike
+
+if TYPE_CHECKING:
+    from kn_graph.optimizer import OptimizerSettings
 
 __all__ = ["DEFAULT_BATCH_AXES", "ValueSpecializedModel", "load_onnx"]
 
@@ -293,7 +297,8 @@ class ValueSpecializedModel:
     input), or it has a node the IR expresses for fixed sizes only (an LSTM over a symbolic
     length, SAME padding with a stride). `specialize` loads it once per distinct value of those
     inputs (and, with `by_shape`, per input shapes) and caches the graph; `Device.prepare`
-    accepts it and does that per call. The cost: one load per new value or shape."""
+    accepts it and does that per call. The cost: one load per new value or shape.
+    `optimize(model)` returns a copy whose graphs are optimized as they are made (`optimized`)."""
 
     def __init__(
         self,
@@ -314,7 +319,20 @@ class ValueSpecializedModel:
         self.input_names = [i.name for i in model.graph.input if i.name not in init]
         self.by_shape = by_shape
         """Whether the other inputs' shapes are pinned too (set when symbolic dims fail)."""
+        self.optimizations: tuple[OptimizerSettings, ...] = ()
+        """Optimizer settings applied in order to each graph as it is made (`optimized`)."""
         self._cache: dict[tuple[object, ...], Graph] = {}
+
+    def optimized(self, settings: OptimizerSettings) -> ValueSpecializedModel:
+        """A copy of this model whose graphs are optimized with `settings` as they are made:
+        what `optimize(model, settings)` returns, so `optimize(load_onnx(path))` works whatever
+        the model is. The copy keeps its own graph cache (this one's graphs are not optimized)
+        and starts from what this model found out (the value inputs, `by_shape`)."""
+        new = ValueSpecializedModel(
+            self.model, self.folder, self.options, self.value_inputs, self.by_shape, self.files
+        )
+        new.optimizations = (*self.optimizations, settings)
+        return new
 
     def specialize(self, values: Mapping[str, np.ndarray]) -> Graph:
         """The graph for these input values (all inputs by name, or at least the value inputs);
@@ -363,6 +381,11 @@ class ValueSpecializedModel:
                     raise
                 self.by_shape = True
                 continue
+            if self.optimizations:
+                from kn_graph.optimizer import optimize
+
+                for settings in self.optimizations:
+                    graph = optimize(graph, settings)
             self._cache[key] = graph
             return graph
         raise OnnxImportError("could not find the inputs that decide the model's shapes")
@@ -371,7 +394,8 @@ class ValueSpecializedModel:
         what = f"the values of {self.value_inputs}" if self.value_inputs else ""
         if self.by_shape:
             what += (" and " if what else "") + "the input shapes"
-        return f"<ValueSpecializedModel: inputs {self.input_names}; loaded per {what}>"
+        opt = "; optimized" if self.optimizations else ""
+        return f"<ValueSpecializedModel: inputs {self.input_names}; loaded per {what}{opt}>"
 
 
 STACKED = ".stacked"

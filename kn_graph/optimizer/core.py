@@ -13,8 +13,9 @@ import dataclasses
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import assert_never
+from typing import TYPE_CHECKING, assert_never, overload
 
+from kn_graph.errors import ArgumentTypeError
 from kn_graph.filemap import check_all
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
@@ -41,6 +42,9 @@ from kn_graph.ops import (
     Value,
     View,
 )
+
+if TYPE_CHECKING:
+    from kn_graph.onnx import ValueSpecializedModel
 
 __all__ = ["REWRITES", "OptimizerSettings", "Rewrite", "Rewriter", "copy_op", "optimize", "rewrite"]
 
@@ -224,8 +228,22 @@ def _round(g: Graph, settings: OptimizerSettings) -> tuple[Graph, int]:
     return rw.new, fired
 
 
-def optimize(graph: Graph, settings: OptimizerSettings | None = None) -> Graph:
+@overload
+def optimize(graph: Graph, settings: OptimizerSettings | None = None) -> Graph: ...
+@overload
+def optimize(
+    graph: ValueSpecializedModel, settings: OptimizerSettings | None = None
+) -> ValueSpecializedModel: ...
+def optimize(
+    graph: Graph | ValueSpecializedModel, settings: OptimizerSettings | None = None
+) -> Graph | ValueSpecializedModel:
     """A new, optimized graph computing the same outputs from the same inputs (in order).
+
+    A `ValueSpecializedModel` (what `load_onnx` returns when shapes depend on input values) has
+    no graph to rebuild until those values are known: `optimize` returns a copy of it whose
+    graphs are optimized with `settings` as they are made (one per distinct value, when
+    `Device.prepare(...).eval` or `model.specialize` meets it), so `optimize(load_onnx(path))`
+    works for every model. The model passed in is unchanged.
 
     >>> import numpy as np
     >>> from kn_graph import Graph, DType, Shape
@@ -242,6 +260,14 @@ def optimize(graph: Graph, settings: OptimizerSettings | None = None) -> Graph:
     %6: f32[4] = add(%3, %5)
     outputs: %6 "y"
     """
+    if not isinstance(graph, Graph):
+        from kn_graph.onnx import ValueSpecializedModel
+
+        if isinstance(graph, ValueSpecializedModel):
+            return graph.optimized(settings or OptimizerSettings())
+        raise ArgumentTypeError(
+            f"optimize: expected a Graph or a ValueSpecializedModel, found {type(graph).__name__}"
+        )
     check_all(i.op.tensor.array for i in graph.value_infos() if isinstance(i.op, Constant))
     settings = settings or OptimizerSettings()
     g = graph
