@@ -53,6 +53,9 @@ class Plan:
     workspace_offset: int
     lower_bound: int
     bindings: Mapping[str, int]
+    graph_constants: int = 0
+    """How many of `constants` (the first ones) are the graph's own: the same at every binding
+    (the rest the planner made for this binding's shapes)."""
 
     # -- reports -------------------------------------------------------------------------------
     def memory_report(self) -> MemoryReport:
@@ -220,20 +223,31 @@ def _finish(graph: Graph, p: object, binds: dict[str, int]) -> Plan:
         b = ov.offset >> _ID_SHIFT
         first[b] = max(first[b], 0) if first[b] >= 0 else end
         last[b] = end
-    # constants: their own region, in first-use order
+    # constants: their own region, the graph's first (in value order: the same offsets at
+    # every binding, so a CPU backend's executors of several bindings share one arena), then
+    # those the planner made (uniform values materialised at a binding's shape)
     base: dict[int, int] = {}
     buffers: list[Buffer] = []
     constants: list[tuple[int, np.ndarray]] = []
     pos = 0
     checked: set[int] = set()  # mapped model files found unchanged
-    for b, buf in enumerate(p.bufs):
-        if buf.kind is BufferKind.CONST and (last[b] >= 0 or first[b] >= 0):
-            base[b] = pos
-            assert buf.data is not None
-            check_unchanged(buf.data, checked)  # every backend copies them from the plan
-            constants.append((pos, buf.data))
-            buffers.append(Buffer(buf.name, buf.kind, pos, buf.size, 0, end))
-            pos += align(buf.size)
+    graph_arrays = {
+        id(op.tensor.array) for v in graph.values() if isinstance(op := graph[v].op, Constant)
+    }
+    const_bufs = [
+        b
+        for b, buf in enumerate(p.bufs)
+        if buf.kind is BufferKind.CONST and (last[b] >= 0 or first[b] >= 0)
+    ]
+    const_bufs.sort(key=lambda b: id(p.bufs[b].data) not in graph_arrays)  # stable
+    for b in const_bufs:
+        buf = p.bufs[b]
+        base[b] = pos
+        assert buf.data is not None
+        check_unchanged(buf.data, checked)  # every backend copies them from the plan
+        constants.append((pos, buf.data))
+        buffers.append(Buffer(buf.name, buf.kind, pos, buf.size, 0, end))
+        pos += align(buf.size)
     const_size = pos
     status_off = pos
     buffers.append(Buffer("status", BufferKind.STATUS, status_off, 4, 0, end))
@@ -278,4 +292,5 @@ def _finish(graph: Graph, p: object, binds: dict[str, int]) -> Plan:
         workspace_offset=work_off,
         lower_bound=lb,
         bindings=dict(binds),
+        graph_constants=sum(id(d) in graph_arrays for _, d in constants),
     )

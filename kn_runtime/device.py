@@ -10,6 +10,7 @@ CPU.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import logging
 import threading
@@ -86,12 +87,31 @@ class Device:
         return Device.cpu()
 
     def prepare(
-        self, graph: Any, batch_size: int | None = None, *, settings: Any = None
+        self,
+        graph: Any,
+        batch_size: int | None = None,
+        *,
+        settings: Any = None,
+        max_bindings: int | None = None,
     ) -> PreparedGraph:
         """Bind a graph to this device. With `batch_size=None` symbols are inferred per call.
         `graph` may also be what `load_onnx` takes (a path, bytes, an `onnx.ModelProto`) or a
         `ValueSpecializedModel` (shapes decided by input values: one graph per distinct value).
-        On CUDA, `settings` is a `kn_cuda_eval.device.ExecutorSettings` (None: the defaults)."""
+        On CUDA, `settings` is a `kn_cuda_eval.device.ExecutorSettings` (None: the defaults).
+        CPU backend: `max_bindings` executors are kept, one per binding of the size symbols
+        (a sequence length, an image size; least recently used first out; None:
+        `kn_cuda_eval.cpu.executor.DEFAULT_MAX_BINDINGS`, 8) — all in one arena that grows to
+        the largest binding seen, with the weights packed once."""
+        if max_bindings is not None and (
+            isinstance(max_bindings, bool) or not isinstance(max_bindings, int) or max_bindings < 1
+        ):
+            raise ArgumentValueError(
+                f"prepare: max_bindings must be an int >= 1, found {max_bindings!r}"
+            )
+        if max_bindings is None:
+            from kn_cuda_eval.cpu.executor import DEFAULT_MAX_BINDINGS
+
+            max_bindings = DEFAULT_MAX_BINDINGS
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer)
         ):
@@ -113,9 +133,9 @@ class Device:
                 )
             graph = load_onnx(graph)
         if isinstance(graph, ValueSpecializedModel):
-            return SpecializingPreparedGraph(graph, self, batch_size, settings)
+            return SpecializingPreparedGraph(graph, self, batch_size, settings, max_bindings)
         if self.kind == "cpu" and self.fast:
-            return HostDevicePreparedGraph(graph, self, batch_size)
+            return HostDevicePreparedGraph(graph, self, batch_size, max_bindings)
         if self.kind == "cuda" and graph.has_dynamic:
             return SegmentedCudaPreparedGraph(graph, self, batch_size, settings)
         if self.kind == "cuda":
@@ -279,26 +299,49 @@ class SegmentedCudaPreparedGraph(PreparedGraph):
 
 
 class HostDevicePreparedGraph(PreparedGraph):
-    """A graph on the CPU backend (`Device.cpu()`): one plan and
-    `kn_cuda_eval.cpu.executor.HostExecutor` per binding; a graph with data-dependent ops runs
-    in segments (`kn_cuda_eval.segments`), one executor per segment and binding."""
+    """A graph on the CPU backend (`Device.cpu()`): a
+    `kn_cuda_eval.cpu.executor.HostPreparedGraph` — one plan and `HostExecutor` per binding,
+    at most `max_bindings` kept, all in one arena with the weights packed once; a graph with
+    data-dependent ops runs in segments (`kn_cuda_eval.segments`), each segment such a
+    prepared graph of its own."""
 
-    def __init__(self, graph: Graph, device: Device, batch_size: int | None) -> None:
+    def __init__(
+        self, graph: Graph, device: Device, batch_size: int | None, max_bindings: int
+    ) -> None:
         super().__init__(graph, device, batch_size)
-        from kn_cuda_eval.cpu.executor import HostExecutor, HostPreparedGraph
-        from kn_cuda_eval.plan import plan
-        from kn_cuda_eval.segments import SegmentedRunner, per_binding
+        from kn_cuda_eval.cpu.executor import HostPreparedGraph
+        from kn_cuda_eval.segments import SegmentedRunner
 
         self._lock = threading.RLock()
+        self.max_bindings = max_bindings
         self._whole = (
-            None if graph.has_dynamic else HostPreparedGraph(graph, batch_size, device.threads)
+            None
+            if graph.has_dynamic
+            else HostPreparedGraph(graph, batch_size, device.threads, max_bindings=max_bindings)
         )
-        self._runner = SegmentedRunner(
-            per_binding(
-                lambda seg, b: HostExecutor(plan(seg.graph, bindings=b), device.threads),
-                lambda ex, arrays: ex.eval(list(arrays)),
-            )
-        )
+        self.segments: dict[int, HostPreparedGraph] = {}
+        """The prepared graph of each segment (by its graph's id), for a graph run in segments."""
+
+        def run_segment(seg: Any, arrays: Sequence[Any], bindings: Mapping[str, int]) -> list:
+            prepared = self.segments.get(seg.graph.id)
+            if prepared is None:
+                prepared = self.segments[seg.graph.id] = HostPreparedGraph(
+                    seg.graph, None, device.threads, max_bindings=max_bindings
+                )
+            return prepared.executor(bindings).eval(list(arrays))
+
+        self._runner = SegmentedRunner(run_segment)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this prepared graph holds: its arenas (the mapped size, pages given back
+        included), the packed weights, oneDNN's workspace, and the executors kept."""
+        parts = [self._whole] if self._whole is not None else list(self.segments.values())
+        total = {"arena": 0, "packed": 0, "workspace": 0, "executors": 0}
+        for p in parts:
+            for k, v in p.memory.nbytes().items():
+                total[k] += v
+            total["executors"] += len(p.executors)
+        return total
 
     def eval(self, inputs: Inputs) -> list[np.ndarray]:
         with self._lock:
@@ -316,14 +359,23 @@ class HostDevicePreparedGraph(PreparedGraph):
 class SpecializingPreparedGraph(PreparedGraph):
     """A `ValueSpecializedModel` on a device: per call, the values of the shape-deciding inputs
     pick (or load, once) a graph in which they are constants; that graph is prepared on the
-    device and evaluated with the other inputs. Cached per distinct value."""
+    device and evaluated with the other inputs. The prepared graphs of the last `max_bindings`
+    distinct values are kept (least recently used first out)."""
 
-    def __init__(self, model: Any, device: Device, batch_size: int | None, settings: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        device: Device,
+        batch_size: int | None,
+        settings: Any,
+        max_bindings: int,
+    ) -> None:
         self.model = model
         self.device = device
         self.batch_size = batch_size
         self.settings = settings
-        self._prepared: dict[int, PreparedGraph] = {}
+        self.max_bindings = max_bindings
+        self._prepared: collections.OrderedDict[int, PreparedGraph] = collections.OrderedDict()
         self._lock = threading.Lock()  # one load per new value, whichever thread asks first
 
     @property
@@ -338,10 +390,16 @@ class SpecializingPreparedGraph(PreparedGraph):
         by_name = dict(zip(names, inputs_in_order(names, inputs, "model"), strict=True))
         with self._lock:
             graph = self.model.specialize({k: _pinned(v) for k, v in by_name.items()})
-            prepared = self._prepared.get(id(graph))
+            prepared = self._prepared.get(id(graph))  # the model keeps its graphs: ids stay
             if prepared is None:
-                prepared = self.device.prepare(graph, self.batch_size, settings=self.settings)
+                prepared = self.device.prepare(
+                    graph, self.batch_size, settings=self.settings, max_bindings=self.max_bindings
+                )
                 self._prepared[id(graph)] = prepared
+                while len(self._prepared) > self.max_bindings:
+                    self._prepared.popitem(last=False)
+            else:
+                self._prepared.move_to_end(id(graph))
         rest = {}
         for n in graph.input_names:
             if n in by_name:

@@ -35,8 +35,10 @@ set), so pools take turns instead of spinning beside each other.
 from __future__ import annotations
 
 import bisect
+import collections
 import ctypes
 import functools
+import hashlib
 import logging
 import mmap
 import os
@@ -56,14 +58,22 @@ from kn_cuda_eval.plan import Plan
 from kn_cuda_eval.plan import plan as make_plan
 from kn_cuda_eval.planner import PlanSettings
 from kn_cuda_eval.view import StridedView
-from kn_graph.cpu import bind_shapes
+from kn_graph.cpu import available_bytes, bind_shapes
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
 from kn_graph.filemap import release_pages
 from kn_graph.graph import Graph
 from kn_graph.shape import BATCH
 
-__all__ = ["HostExecutor", "HostLibrary", "HostPreparedGraph", "default_threads"]
+__all__ = [
+    "DEFAULT_MAX_BINDINGS",
+    "HostArena",
+    "HostExecutor",
+    "HostLibrary",
+    "HostPreparedGraph",
+    "SharedMemory",
+    "default_threads",
+]
 
 log = logging.getLogger(__name__)
 
@@ -219,11 +229,130 @@ def _nothing() -> None:
     """A step folded into another (`fuse.Folded`): nothing to run."""
 
 
-def _arena(n: int) -> tuple[np.ndarray, mmap.mmap]:
-    """A page-aligned arena of its own mapping (anonymous, private), so that `_Release` can
-    hand pages back to the system."""
-    mm = mmap.mmap(-1, max(n, 1))
+def _private_mapping(n: int) -> tuple[np.ndarray, mmap.mmap]:
+    """A page-aligned block of its own anonymous *private* mapping: pages given back with
+    `MADV_DONTNEED` are freed (a shared mapping, `mmap.mmap(-1, n)`'s default, would only move
+    them to shared memory, where VmRSS stops counting them)."""
+    mm = mmap.mmap(-1, max(n, 1), flags=mmap.MAP_PRIVATE)
     return np.frombuffer(mm, np.uint8), mm
+
+
+def _identity(data: np.ndarray) -> tuple[object, ...]:
+    """A graph constant's identity while it lives: the address, size and type of its bytes."""
+    return (int(data.__array_interface__["data"][0]), int(data.nbytes), data.dtype.str)
+
+
+def _content(data: np.ndarray) -> tuple[object, ...]:
+    """A constant the planner made for one binding (a uniform value at its shape), by content:
+    the next binding makes its own array of the same bytes."""
+    digest = hashlib.blake2b(np.ascontiguousarray(data).view(np.uint8), digest_size=16)
+    return ("content", digest.hexdigest(), data.shape, data.dtype.str)
+
+
+def _check_allocation(plan: Plan, nbytes: int) -> None:
+    """An arena that cannot be had is our error before the mapping, naming the bytes (not
+    `OSError: [Errno 12]` from mmap, nor a machine swapping its way through page faults)."""
+    avail = available_bytes()
+    if nbytes > avail:
+        raise EvaluationError(
+            f"the host executor's arena needs {nbytes:,} bytes (constants {plan.const_size:,}, "
+            f"{len(plan.steps)} steps) and this process can have {avail:,}"
+        )
+
+
+class HostArena:
+    """The arena of a prepared graph's executors (one per binding of the sizes; they run one at a
+    time): one private mapping that grows to the largest binding seen (with a quarter of
+    headroom) instead of one arena per binding. Plans put the graph's constants first, at the
+    same offsets at every binding (`Plan.graph_constants`); executors whose plans agree on them
+    share the arena (in practice all: an executor whose plan differs gets an arena of its own).
+    The constants the planner made for one binding come after them, where another binding's
+    executor may have its workspace: an executor copies its own in again whenever another one
+    ran since (`last`).
+
+    It tracks which graph constants hold their bytes: an executor gives back the pages of
+    weights oneDNN packed (`_Release`), and another executor that reads those bytes as they are
+    (a fallback step, a GEMM run by BLAS) copies them in again before it runs (`version` tells
+    it something was given back since it last looked). `generation` changes when the mapping is
+    replaced: executors built over the old one are stale and are rebuilt."""
+
+    def __init__(self) -> None:
+        self.array: np.ndarray | None = None
+        self._mm: mmap.mmap | None = None
+        self.generation = 0
+        self.version = 0  # bumped when constant bytes are given back
+        self.layout: tuple[tuple[int, int, tuple[object, ...]], ...] | None = None
+        self._spans: list[tuple[int, int]] = []  # the layout's constants, by offset
+        self.resident: set[int] = set()  # offsets of graph constants whose bytes are here
+        self.last: object = None  # the executor that ran last (its own constants are in place)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.array is None else int(self.array.size)
+
+    def take(self, plan: Plan, need: int) -> np.ndarray | None:
+        """`need` bytes for an executor of `plan`, or None when the plan's constant layout is
+        not this arena's (the executor then maps its own)."""
+        graph = plan.constants[: plan.graph_constants]
+        layout = tuple((off, int(d.nbytes), _identity(d)) for off, d in graph)
+        if self.layout is not None and layout != self.layout:
+            return None
+        if self.array is None or need > self.capacity:
+            page = mmap.PAGESIZE
+            size = -(-max(need, self.capacity + self.capacity // 4) // page) * page
+            _check_allocation(plan, size)
+            self.array, self._mm = _private_mapping(size)
+            # unwritten memory reads as NaN, as in the emulator (constants are copied in)
+            self.array[plan.const_size : need].fill(0xFF)
+            self.generation += 1
+            self.resident.clear()
+        self.layout = layout
+        self._spans = [(off, off + n) for off, n, _ in layout]
+        self.last = None  # the new executor's packing may write where others keep theirs
+        return self.array[:need]
+
+    def loaded(self, off: int) -> None:
+        self.resident.add(off)
+
+    def drop(self, lo: int, hi: int) -> None:
+        """Give pages [lo, hi) back (whole pages; their constants no longer hold their bytes)."""
+        assert self._mm is not None
+        self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        i = max(bisect.bisect_right(self._spans, (lo, 1 << 62)) - 1, 0)
+        while i < len(self._spans) and self._spans[i][0] < hi:
+            if self._spans[i][1] > lo:
+                self.resident.discard(self._spans[i][0])
+            i += 1
+        self.version += 1
+
+
+@dataclass
+class SharedMemory:
+    """What every executor of one prepared graph shares: the arena, the packed weights and
+    oneDNN's workspace. Weights are held once per prepared graph, whatever the bindings."""
+
+    arena: HostArena
+    packed: Any = None  # onednn.PackedWeights, when oneDNN is usable
+    workspace: Any = None  # onednn.Workspace
+
+    @staticmethod
+    def make() -> SharedMemory:
+        dnn = _onednn()
+        if dnn is None:
+            return SharedMemory(HostArena())
+        return SharedMemory(HostArena(), dnn.PackedWeights(), dnn.Workspace())
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held: the arena's mapping, the packed weights, the workspace's block."""
+        return {
+            "arena": self.arena.capacity,
+            "packed": 0 if self.packed is None else int(self.packed.nbytes),
+            "workspace": 0 if self.workspace is None else int(self.workspace.mapped),
+        }
+
+    def close(self) -> None:
+        if self.packed is not None:
+            self.packed.close()
 
 
 def _packed_operand(s: st.Step) -> StridedView | None:
@@ -240,10 +369,10 @@ class _Release:
     """Constant pages no step reads once oneDNN has packed them (`madvise(MADV_DONTNEED)`): the
     weights would otherwise be held twice, in the arena and packed. A range goes back when every
     step reading it has been built and each packed it; pages any other step reads (a bias, a
-    gather of tied embeddings, a fallback step) stay."""
+    gather of tied embeddings, a fallback step) or that a plan output views stay."""
 
-    def __init__(self, plan: Plan, mm: mmap.mmap) -> None:
-        self._mm = mm
+    def __init__(self, plan: Plan, arena: HostArena) -> None:
+        self._arena = arena
         const = plan.const_size
         self.cands: dict[int, tuple[int, int]] = {}
         keep: list[tuple[int, int]] = []
@@ -257,6 +386,10 @@ class _Release:
                     self.cands[k] = (lo, hi)
                 else:
                     keep.append((lo, hi))
+        for v in plan.outputs:  # an output that is a constant is read from the arena
+            lo, hi = v.byte_extent()
+            if lo < const and lo < hi:
+                keep.append((lo, hi))
         self._keep = _merged(keep)  # sorted, disjoint
         self._keep_lo = [lo for lo, _ in self._keep]
         self._packed: dict[int, bool] = {}
@@ -306,7 +439,7 @@ class _Release:
         for a, b in parts:
             if a >= b:
                 continue
-            self._mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+            self._arena.drop(a, b)
             self.released += b - a
 
 
@@ -355,8 +488,15 @@ class HostExecutor:
     compiled once (or taken from `library`), every step prebuilt as a call."""
 
     def __init__(
-        self, plan: Plan, threads: int | None = None, library: HostLibrary | None = None
+        self,
+        plan: Plan,
+        threads: int | None = None,
+        library: HostLibrary | None = None,
+        *,
+        shared: SharedMemory | None = None,
     ) -> None:
+        """`shared`: the memory of the prepared graph this executor is one binding of (its
+        arena, packed weights and oneDNN workspace); None: all of its own."""
         plan.validate_once()
         _passive_openmp()
         self.plan = plan
@@ -394,18 +534,39 @@ class HostExecutor:
             )
             extra = at - scratch + used
         self.blocked = self._layouts(dnn)  # before the calls: strided steps' views change
-        self.arena, self._mm = _arena(scratch + extra if extra else plan.arena_size)
-        # unwritten memory reads as NaN, as in the emulator (the constants' part is copied in)
-        self.arena[plan.const_size :].fill(0xFF)
-        self._release = _Release(plan, self._mm)
+        need = scratch + extra if extra else plan.arena_size
+        arena = shared.arena.take(plan, need) if shared is not None else None
+        if arena is None:  # an arena of its own
+            if shared is not None:
+                log.debug("a binding with another constant layout: an arena of its own")
+            shared = SharedMemory(HostArena(), shared.packed, shared.workspace) if shared else None
+            own = shared.arena if shared is not None else HostArena()
+            arena = own.take(plan, need)
+            assert arena is not None
+        else:
+            own = shared.arena  # type: ignore[union-attr]
+        self.arena = arena
+        self._home = own
+        self.generation = own.generation
+        self._release = _Release(plan, own)
         # constants only oneDNN packs are copied in just before their step packs them (and
-        # their pages go back right after): the weights are never all in the arena at once
+        # their pages go back right after): the weights are never all in the arena at once;
+        # with shared packed weights, a binding after the first finds them packed and never
+        # copies them at all
         self._deferred: list[tuple[int, np.ndarray]] = []
+        self._raw: list[tuple[int, np.ndarray]] = []  # constants steps read as they are
+        # where the constants the planner made for this binding start
+        self._own_from = (
+            plan.constants[plan.graph_constants][0]
+            if plan.graph_constants < len(plan.constants)
+            else plan.const_size
+        )
         for off, data in plan.constants:
             if self._release.deferrable(off, off + data.nbytes):
                 self._deferred.append((off, data))
             else:
-                _copy_constant(self.arena, off, data)
+                self._raw.append((off, data))
+        self._resident()
         self._base = self.arena.ctypes.data
         self._inputs = [view_array(self.arena, v) for v in plan.inputs]
         self._outputs = [view_array(self.arena, v) for v in plan.outputs]
@@ -440,11 +601,18 @@ class HostExecutor:
         self.names: list[str] = []
         self._host: list[Callable[[], None] | None] = []
         self._packs: set[int] = set()  # steps whose constant operand oneDNN packed
-        # one block for every runner's scratchpad and reorder buffers (they run one at a time)
-        self._ws = dnn.Workspace() if dnn is not None else None
+        # one block for every runner's scratchpad and reorder buffers (they run one at a time;
+        # shared by every binding's executor of a prepared graph)
+        self._ws = None
+        self._store = None  # packed weights shared by the prepared graph's executors
+        if dnn is not None:
+            self._ws = shared.workspace if shared is not None else None
+            self._ws = self._ws if self._ws is not None else dnn.Workspace()
+            self._store = shared.packed if shared is not None else None
+            self._store = self._store if self._store is not None else dnn.PackedWeights()
         self._composite: dict[int, list[Any]] = {}  # split attention: runners and C calls
+        self._dnn = dnn
         for k in range(len(plan.steps)):
-            self._copy_deferred(k)
             pieces = self._pieces(k, dnn) if k in self._split else None
             if pieces is not None:
                 self._composite[k] = pieces
@@ -466,6 +634,8 @@ class HostExecutor:
                 self.steps[k : k + 2] = [conv, act]  # type: ignore[list-item]
                 self.calls[k + 1] = csource.step_call(act)  # type: ignore[arg-type]
                 fn, name = self._library_step(k, self.steps[k], dnn)
+            if k not in self._packs:  # its constant operand is read as it is
+                self._copy_deferred(k, raw=True)
             self._release.built(k, k in self._packs)
             s, c = self.steps[k], self.calls[k]
             if c is not None and library is not None:
@@ -478,14 +648,12 @@ class HostExecutor:
                 )
         if self._ws is not None:
             self._ws.bind()
-        for off, data in self._deferred:  # read by no step built (none expected): kept
-            _copy_constant(self.arena, off, data)
+        # deferred constants left are those whose steps found their weights packed already
         self._deferred.clear()
         # once more for all: reading one constant maps in the page cache's whole folio, which
         # may hold a neighbour released before
         for _, data in plan.constants:
             release_pages(data)
-        self._dnn = dnn
         if library is not None and dnn is not None:
             execute = dnn.load_dnnl().fns["dnnl_primitive_execute"]
             library.set_dnnl(ctypes.cast(execute, ctypes.c_void_p).value)
@@ -493,8 +661,9 @@ class HostExecutor:
         self._lock = threading.Lock()
 
     # -- building ------------------------------------------------------------------------------
-    def _copy_deferred(self, k: int) -> None:
-        """Copy in the deferred constants step k packs, before its runner is built."""
+    def _copy_deferred(self, k: int, raw: bool = True) -> None:
+        """Copy in the deferred constants step k reads (to pack them, or as they are when it
+        did not pack), before oneDNN packs them or the step runs."""
         span = self._release.cands.get(k)
         if span is None or not self._deferred:
             return
@@ -502,9 +671,73 @@ class HostExecutor:
         for off, data in self._deferred:
             if _overlap(span, (off, off + data.nbytes)):
                 _copy_constant(self.arena, off, data)
+                self._home.loaded(off)
+                if raw:
+                    self._raw.append((off, data))
             else:
                 rest.append((off, data))
         self._deferred = rest
+
+    def _resident(self) -> None:
+        """Copy in the graph constants this executor reads as they are and the arena does not
+        hold (not yet, or given back since by another binding's executor)."""
+        home = self._home
+        for off, data in self._raw:
+            if off < self._own_from and off not in home.resident:
+                _copy_constant(self.arena, off, data)
+                home.loaded(off)
+        self._seen = home.version
+
+    def _claim(self) -> None:
+        """Before a run: the constants the planner made for this binding back in place when
+        another executor ran (or was built) in the arena since, and resident graph constants."""
+        home = self._home
+        if self._seen != home.version:  # another binding gave constant pages back
+            self._resident()
+        if home.last is not self:
+            for off, data in self._raw:
+                if off >= self._own_from:
+                    _copy_constant(self.arena, off, data)
+            home.last = self
+
+    def _packing(self, k: int) -> Any:
+        """Where step k's constant operand is packed: the prepared graph's store, keyed by the
+        constant's bytes and the operand's view of them; None without a store."""
+        span = self._release.cands.get(k)
+        if self._store is None or span is None or self._dnn is None:
+            return None
+        view = _packed_operand(self.steps[k])  # type: ignore[arg-type]
+        if view is None:
+            return None
+        lo = span[0]
+        for off, data in self.plan.constants:
+            if off <= lo < off + data.nbytes:
+                ident = _identity(data) if off < self._own_from else _content(data)
+                key = (ident, lo - off, view.shape, view.strides, view.dtype.name)
+                return self._dnn.Packing(
+                    self._store, key, functools.partial(self._copy_deferred, k, False), data
+                )
+        return None
+
+    @property
+    def stale(self) -> bool:
+        """Whether the arena this executor was built over has been replaced (a larger binding
+        of its prepared graph): it must be built again."""
+        return self._home.generation != self.generation
+
+    def close(self) -> None:
+        """Free the oneDNN objects of the runners (the packed weights they share stay) and let
+        go of the arena; the executor cannot run after."""
+        for h in self._host:
+            if self._dnn is not None and isinstance(h, self._dnn.Runner):
+                h.close()
+        for pieces in self._composite.values():
+            for piece in pieces:
+                if not isinstance(piece, csource.CCall):
+                    piece.close()
+        self.segments, self._host, self._composite, self._keep = [], [], {}, []
+        self._inputs, self._outputs = [], []
+        self.arena = np.zeros(0, np.uint8)
 
     def _layouts(self, dnn: Any) -> dict[int, frozenset[str]]:
         """The layout pass (`layouts.blocked_roles`) over oneDNN's choices for every conv step;
@@ -546,6 +779,7 @@ class HostExecutor:
                     blocked=roles,
                     post=self._posts.get(k, ()),
                     workspace=self._ws,
+                    packing=self._packing(k) if const_w else None,
                 )
                 if fn is not None and const_w:
                     self._packs.add(k)
@@ -557,7 +791,12 @@ class HostExecutor:
                 packed = s.a.byte_extent()[1] <= self.plan.const_size
                 fn = (
                     dnn.gemm_runner(
-                        s, self.arena, self.threads, constant_weights=packed, workspace=self._ws
+                        s,
+                        self.arena,
+                        self.threads,
+                        constant_weights=packed,
+                        workspace=self._ws,
+                        packing=self._packing(k) if packed else None,
                     )
                     if dnn is not None
                     else None
@@ -699,6 +938,7 @@ class HostExecutor:
         """The plan's outputs for `inputs` (fresh arrays). Calls from several threads take turns
         (one arena)."""
         with self._lock:
+            self._claim()
             self._load(inputs)
             self._threads_here()
             self._run()
@@ -708,6 +948,7 @@ class HostExecutor:
         """Times every step of one evaluation (each C step called alone)."""
         rows: list[ProfileRow] = []
         with self._lock:
+            self._claim()
             self._load(inputs)
             self._threads_here()
             for k, s in enumerate(self.steps):
@@ -765,10 +1006,19 @@ def _check_bound(graph: Graph, bindings: Mapping[str, int]) -> None:
                 )
 
 
+DEFAULT_MAX_BINDINGS = 8
+"""Executors a prepared graph keeps, one per binding of its size symbols (least recently used
+first out): 8 covers a batch, a few sequence-length buckets and image sizes while bounding
+what a stream of distinct shapes can hold. They share one arena, the packed weights and
+oneDNN's workspace, so each one kept costs its oneDNN primitives and compiled steps only."""
+
+
 class HostPreparedGraph:
     """A graph on the host executor: one plan and `HostExecutor` per binding of the size symbols
     (made on first use, or at once when the inputs have no symbols or `batch_size` fixes every
-    one), kept for later calls."""
+    one), at most `max_bindings` kept (least recently used first out). Every binding's executor
+    runs in one arena that grows to the largest binding seen, with the weights packed once
+    (`SharedMemory`): memory stays flat under changing shapes once the largest has been seen."""
 
     def __init__(
         self,
@@ -776,12 +1026,19 @@ class HostPreparedGraph:
         batch_size: int | None = None,
         threads: int | None = None,
         settings: PlanSettings | None = None,
+        *,
+        max_bindings: int = DEFAULT_MAX_BINDINGS,
     ) -> None:
         self.graph = graph
         self.batch_size = batch_size
         self.threads = threads
         self.settings = settings
-        self.executors: dict[tuple[tuple[str, int], ...], HostExecutor] = {}
+        self.max_bindings = max(1, int(max_bindings))
+        self.memory = SharedMemory.make()
+        self.executors: collections.OrderedDict[tuple[tuple[str, int], ...], HostExecutor] = (
+            collections.OrderedDict()
+        )
+        self.built = 0  # executors made, rebuilds after the arena grew included
         self._lock = threading.RLock()
         symbols = (
             set().union(*(graph[v].shape.symbols for v in graph.inputs)) if graph.inputs else set()
@@ -794,10 +1051,21 @@ class HostPreparedGraph:
     def executor(self, bindings: Mapping[str, int]) -> HostExecutor:
         key = tuple(sorted(bindings.items()))
         ex = self.executors.get(key)
+        if ex is not None and ex.stale:  # built over an arena a larger binding replaced
+            self.executors.pop(key).close()
+            ex = None
         if ex is None:
             _check_bound(self.graph, bindings)
             p = make_plan(self.graph, bindings=dict(bindings), settings=self.settings)
-            ex = self.executors[key] = HostExecutor(p, self.threads)
+            ex = HostExecutor(p, self.threads, shared=self.memory)
+            self.built += 1
+            for old in [k for k, e in self.executors.items() if e.stale]:  # the arena grew:
+                self.executors.pop(old).close()  # the old mapping goes with them
+            self.executors[key] = ex
+            while len(self.executors) > self.max_bindings:
+                self.executors.popitem(last=False)[1].close()
+        else:
+            self.executors.move_to_end(key)
         return ex
 
     def eval(self, inputs: Inputs) -> list[np.ndarray]:

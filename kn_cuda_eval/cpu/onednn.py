@@ -12,10 +12,16 @@ never uses); without them `ctypes.CDLL` fails. Everything here is in the v3 API 
 newer libdnnl.so.3 found through $DNNL_PATH or the system works as well.
 
 The library is found in `<sys.prefix>/lib` (where the data-files wheel puts it), then
-`$DNNL_PATH[/lib]`, then the system soname. Threads: oneDNN 3 has no `dnnl_set_num_threads`;
-with the OpenMP runtime the number is OpenMP's, so a runner calls `omp_set_num_threads(threads)`
-of the libgomp the library linked (the one already loaded) before it creates its primitive and
-before each run (a no-op after the first). The BLAS path sets OpenBLAS's threads the same way.
+`$DNNL_PATH[/lib]`, then the system soname. `KN_ONEDNN=0` (also `off`, `false`, `no`) hides it:
+the process behaves as if oneDNN were not installed (`available()` gives the reason, the runner
+factories None, convolutions and GEMMs run with NumPy/the emulator) — how the tests prove the
+fallback of the GPU image, which has no `onednn-cpu-gomp` (`KN_ONEDNN=0 bash tests/run_tests.sh`);
+it is read at every `available()` and `load_dnnl()` call.
+
+Threads: oneDNN 3 has no `dnnl_set_num_threads`; with the OpenMP runtime the number is OpenMP's,
+so a runner calls `omp_set_num_threads(threads)` of the libgomp the library linked (the one
+already loaded) before it creates its primitive and before each run (a no-op after the first).
+The BLAS path sets OpenBLAS's threads the same way.
 
 Exactness: F32 math stays F32 (`dnnl_fpmath_mode_strict`, set on every primitive: no implicit
 bf16/tf32 on AMX machines), direct convolution (no Winograd), F16 accumulated in F32. A step
@@ -35,8 +41,9 @@ import mmap
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from ctypes import POINTER, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_uint, c_void_p
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,7 +62,10 @@ __all__ = [
     "Layout",
     "OnednnError",
     "OnednnUnavailableError",
+    "PackedWeights",
+    "Packing",
     "Runner",
+    "Workspace",
     "auto_layout",
     "available",
     "conv_desc",
@@ -173,6 +183,9 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "dnnl_memory_create": (_S, (_PP, _P, _P, _P)),
     # dnnl_status_t dnnl_memory_set_data_handle(dnnl_memory_t memory, void *handle)
     "dnnl_memory_set_data_handle": (_S, (_P, _P)),
+    # dnnl_status_t dnnl_memory_get_memory_desc(const_dnnl_memory_t memory,
+    #     const_dnnl_memory_desc_t *memory_desc)
+    "dnnl_memory_get_memory_desc": (_S, (_P, _PP)),
     # dnnl_status_t dnnl_memory_destroy(dnnl_memory_t memory)
     "dnnl_memory_destroy": (_S, (_P,)),
     # dnnl_status_t dnnl_primitive_attr_create(dnnl_primitive_attr_t *attr)
@@ -287,7 +300,15 @@ class DnnlLib:
         return f"{v.major}.{v.minor}.{v.patch}"
 
 
+HIDE_VARIABLE = "KN_ONEDNN"  # "0", "off", "false", "no": behave as if oneDNN were not installed
+_HIDDEN = "oneDNN is hidden by KN_ONEDNN={!r} (behaving as if it were not installed)"
+
+
 def _search() -> list[tuple[str, str]]:
+    """Where libdnnl is looked for, in order: (what the place is, path or soname); nothing when
+    $KN_ONEDNN hides the library."""
+    if os.environ.get(HIDE_VARIABLE, "").strip().lower() in ("0", "off", "false", "no"):
+        return []
     places = [("the onednn-cpu-gomp wheel", os.path.join(sys.prefix, "lib", SONAME))]
     root = os.environ.get("DNNL_PATH")
     if root:
@@ -299,9 +320,12 @@ def _search() -> list[tuple[str, str]]:
 @functools.cache
 def load_dnnl() -> DnnlLib:
     """libdnnl.so.3 from the first place of `_search()` that loads; OnednnUnavailableError,
-    listing every attempt, when none does."""
+    listing every attempt, when none does (or naming $KN_ONEDNN when that hides it)."""
+    places = _search()
+    if not places:
+        raise OnednnUnavailableError(_HIDDEN.format(os.environ.get(HIDE_VARIABLE, "")))
     tried: list[str] = []
-    for where, path in _search():
+    for where, path in places:
         if os.sep in path and not os.path.isfile(path):
             tried.append(f"{where}: no {path}")
             continue
@@ -318,7 +342,10 @@ def load_dnnl() -> DnnlLib:
 
 
 def available() -> str | None:
-    """None when oneDNN is usable here, else a one-line reason (the runners then return None)."""
+    """None when oneDNN is usable here, else a one-line reason (the runners then return None).
+    $KN_ONEDNN is honoured even after the library was loaded (a test may set it mid-process)."""
+    if not _search():  # hidden, even when an earlier call loaded the library
+        return _HIDDEN.format(os.environ.get(HIDE_VARIABLE, ""))
     try:
         _engine()
     except EvaluationError as e:
@@ -396,6 +423,7 @@ class _Owner:
     def __init__(self, lib: DnnlLib) -> None:
         self.lib = lib
         self.objects: list[tuple[str, int]] = []
+        self.closed = False
 
     def own(self, destroy: str, handle: c_void_p) -> int:
         h = int(handle.value or 0)
@@ -403,6 +431,7 @@ class _Owner:
         return h
 
     def close(self) -> None:
+        self.closed = True
         while self.objects:
             destroy, h = self.objects.pop()
             with contextlib.suppress(Exception):  # at interpreter exit the library may be gone
@@ -494,17 +523,19 @@ def impl_name(lib: DnnlLib, pd: int) -> str:
 
 
 class Workspace:
-    """Scratch memory the oneDNN runners of one executor share. They run one at a time and keep
-    nothing in their scratchpads and reorder buffers between calls, so every runner's buffers
-    take the same bytes: one block sized for the largest runner, mapped and touched once by
-    `bind` when the executor is built (oneDNN's own allocations, one per primitive, were first
-    touched by the first evaluation: ResNet-50 3.7 MB over 111 buffers, the 24 GEMMs of
-    BERT-base's split attention 5.5 MB)."""
+    """Scratch memory oneDNN runners share. They run one at a time and keep nothing in their
+    scratchpads and reorder buffers between calls, so every runner's buffers take the same
+    bytes: one block sized for the largest runner, mapped and touched by `bind` when an executor
+    is built (oneDNN's own allocations, one per primitive, were first touched by the first
+    evaluation: ResNet-50 3.7 MB over 111 buffers, the 24 GEMMs of BERT-base's split attention
+    5.5 MB). One workspace may serve every executor of a prepared graph (one per binding of the
+    sizes, run one at a time): `bind` after each executor's runners are built grows the block to
+    the largest runner of all and points every live runner's buffers at it."""
 
     def __init__(self) -> None:
-        self._mems: list[tuple[DnnlLib, int, int]] = []  # memory, offset in the block
+        self._mems: list[tuple[_Owner, int, int]] = []  # owner, memory, offset in the block
         self._used = 0  # bytes the runner being built has taken
-        self.size = 0  # of the block: the largest runner's share
+        self.size = 0  # needed: the largest runner's share
         self.requested = 0  # bytes of every buffer: what separate allocations would hold
         self._block: tuple[mmap.mmap, np.ndarray] | None = None
 
@@ -515,26 +546,110 @@ class Workspace:
     def memory(self, o: _Owner, md: int) -> int:
         """A memory object of descriptor `md` in this runner's share of the block (its data
         handle set by `bind`)."""
-        if self._block is not None:
-            raise EvaluationError("oneDNN workspace: a runner built after bind()")
         off = -(-self._used // 64) * 64
         n = int(o.lib.fns["dnnl_memory_desc_get_size"](md))
         self._used = off + n
         self.size = max(self.size, self._used)
         self.requested += n
         mem = o.memory(md, MEMORY_NONE)
-        self._mems.append((o.lib, mem, off))
+        self._mems.append((o, mem, off))
         return mem
 
+    @property
+    def mapped(self) -> int:
+        """Bytes of the block mapped now."""
+        return 0 if self._block is None else len(self._block[1])
+
     def bind(self) -> None:
-        """Map the block and point every memory at its bytes."""
-        mm = mmap.mmap(-1, max(self.size, 1))
-        block = np.frombuffer(mm, np.uint8)
-        block.fill(0)  # resident now, not during the first evaluation
-        base = int(block.ctypes.data)
-        for lib, mem, off in self._mems:
-            lib.call("dnnl_memory_set_data_handle", mem, c_void_p(base + off))
-        self._block = (mm, block)
+        """Map the block (again, larger, when a runner built since needs more) and point every
+        live runner's memory at its bytes."""
+        self._mems = [m for m in self._mems if not m[0].closed]  # runners closed since
+        if self._block is None or len(self._block[1]) < self.size:
+            # private: pages given back are freed, not moved to shared memory
+            mm = mmap.mmap(-1, max(self.size, 1), flags=mmap.MAP_PRIVATE)
+            block = np.frombuffer(mm, np.uint8)
+            block.fill(0)  # resident now, not during the first evaluation
+            self._block = (mm, block)
+        base = int(self._block[1].ctypes.data)
+        for o, mem, off in self._mems:
+            o.lib.call("dnnl_memory_set_data_handle", mem, c_void_p(base + off))
+
+
+@dataclass(frozen=True, slots=True)
+class Packing:
+    """How a runner gets its constant weights packed: from `store` when an executor of the same
+    prepared graph packed the same weights (`key`) into the same layout, else packed here after
+    `load()` has copied the plain weights into the arena."""
+
+    store: PackedWeights
+    key: Hashable
+    load: Callable[[], None]
+    keep: object = None  # the constant keyed by its address: alive while its entry is
+
+
+class PackedWeights:
+    """Constant weights in the layouts oneDNN's primitives chose, held once for every executor
+    of a prepared graph: a packed weight depends on the weights and on the layout, not on the
+    binding of the sizes, so the executor of a new sequence length or image size finds its
+    weights here (onnxruntime's prepacked-weights container does the same across sessions).
+    Entries live until `close()` (one per distinct weight and layout: a new binding whose
+    primitive picks another blocking adds one)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Hashable, list[int]] = {}  # key -> memories (each knows its md)
+        self._keep: list[object] = []
+        self._owner: _Owner | None = None
+        self.nbytes = 0
+
+    def find(self, lib: DnnlLib, key: Hashable, md: int) -> int | None:
+        """The packed memory of `key` in layout `md`, or None."""
+        for mem in self._entries.get(key, ()):
+            have = c_void_p()
+            lib.call("dnnl_memory_get_memory_desc", mem, ctypes.byref(have))
+            if lib.fns["dnnl_memory_desc_equal"](have, md):
+                return mem
+        return None
+
+    def new(self, lib: DnnlLib, key: Hashable, md: int, keep: object = None) -> int:
+        """A memory of layout `md` for `key`, owned by the store (the caller packs into it);
+        `keep` (what the key names) stays alive with it."""
+        if self._owner is None:
+            self._owner = _Owner(lib)
+        mem = self._owner.memory(md, MEMORY_ALLOCATE)
+        self._entries.setdefault(key, []).append(mem)
+        self._keep.append(keep)
+        self.nbytes += int(lib.fns["dnnl_memory_desc_get_size"](md))
+        return mem
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._entries.values())
+
+    def close(self) -> None:
+        if self._owner is not None:
+            self._owner.close()
+        self._entries.clear()
+        self._keep.clear()
+        self.nbytes = 0
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _pack(
+    o: _Owner, plain_md: int, packed_md: int, src: int, step: st.Step, packing: Packing | None
+) -> int:
+    """The constant weights of memory `src` (layout `plain_md`) in layout `packed_md`: taken
+    from the store, or loaded, packed once here and kept there."""
+    if packing is not None:
+        hit = packing.store.find(o.lib, packing.key, packed_md)
+        if hit is not None:
+            return hit
+        packing.load()
+        mem = packing.store.new(o.lib, packing.key, packed_md, packing.keep)
+    else:
+        mem = o.memory(packed_md, MEMORY_ALLOCATE)
+    _run(o.lib, [(o.reorder(plain_md, packed_md), _args([(ARG_FROM, src), (ARG_TO, mem)]))], step)
+    return mem
 
 
 # -- runners ------------------------------------------------------------------------------------
@@ -749,6 +864,7 @@ def conv_runner(
     blocked: frozenset[str] = frozenset(),
     post: Sequence[PostOp] = (),
     workspace: Workspace | None = None,
+    packing: Packing | None = None,
 ) -> Runner | None:
     """A oneDNN convolution for `step` over `arena`, or None when oneDNN cannot run it exactly
     (see `conv_desc`): then the caller runs `emulate_step` for it.
@@ -770,7 +886,8 @@ def conv_runner(
     into the chosen layout through buffers allocated here, and the result back.
     `post`: eltwise post-ops after everything else (see `conv_desc`; a `desc` has its own).
     `workspace`: where its scratchpad and reorder buffers live (shared with the executor's
-    other runners; `Workspace.bind` before the first run), else allocated for it alone."""
+    other runners; `Workspace.bind` before the first run), else allocated for it alone.
+    `packing`: with constant weights, where packed weights are shared (`PackedWeights`)."""
     if desc is None:
         lay = auto_layout(step) if layout == "auto" else layout
         desc = conv_desc(step, threads, lay, post)
@@ -786,7 +903,7 @@ def conv_runner(
     d = desc
     return _build(
         step,
-        lambda lib, o: _conv_runner(d, arena, n, constant_weights, blocked, workspace),
+        lambda lib, o: _conv_runner(d, arena, n, constant_weights, blocked, workspace, packing),
         d.owner,
     )
 
@@ -897,6 +1014,7 @@ def _conv_runner(
     constant_weights: bool,
     blocked: frozenset[str],
     ws: Workspace | None,
+    packing: Packing | None = None,
 ) -> Runner:
     """The runner of descriptor `d` (its objects move to the runner's owner)."""
     lib, s, dt = d.lib, d.step, d.dt
@@ -912,14 +1030,13 @@ def _conv_runner(
     out_mem = o.memory(out_md, base + s.out.offset)
     views = [(x_mem, s.x.offset), (out_mem, s.out.offset)]
     # the weights into the layout the convolution chose: once, or at every run
-    w_mem = o.memory(d.w_md, MEMORY_ALLOCATE)
     w_src = o.memory(d.w_plain, base + s.w.offset)
-    pack: _Call = (o.reorder(d.w_plain, d.w_md), _args([(ARG_FROM, w_src), (ARG_TO, w_mem)]))
     calls: list[_Call] = []
     if constant_weights:
-        _run(lib, [pack], s)
+        w_mem = _pack(o, d.w_plain, d.w_md, w_src, s, packing)
     else:
-        calls.append(pack)
+        w_mem = o.memory(d.w_md, MEMORY_ALLOCATE)
+        calls.append((o.reorder(d.w_plain, d.w_md), _args([(ARG_FROM, w_src), (ARG_TO, w_mem)])))
         views.append((w_src, s.w.offset))
     equal = lib.fns["dnnl_memory_desc_equal"]
     post_args: list[tuple[int, int | None]] = []
@@ -1003,6 +1120,7 @@ def gemm_runner(
     backend: str = "auto",
     constant_weights: bool = False,
     workspace: Workspace | None = None,
+    packing: Packing | None = None,
 ) -> Callable[[], None] | None:
     """A runner for a GEMM step over `arena`, or None (the caller then runs `emulate_step`).
 
@@ -1033,7 +1151,9 @@ def gemm_runner(
     if dt is None or s.a.dtype is not s.dtype or s.b.dtype is not s.dtype:
         return None
     n = _threads(threads)
-    return _build(s, lambda lib, o: _matmul(lib, o, s, dt, arena, n, constant_weights, workspace))
+    return _build(
+        s, lambda lib, o: _matmul(lib, o, s, dt, arena, n, constant_weights, workspace, packing)
+    )
 
 
 def _desc(o: _Owner, v: np.ndarray, batch: int, dt: int) -> int | None:
@@ -1060,6 +1180,7 @@ def _matmul(
     threads: int,
     constant_weights: bool,
     ws: Workspace | None = None,
+    packing: Packing | None = None,
 ) -> Runner | None:
     base = _base(arena)
     _omp_set_num_threads()(threads)
@@ -1096,9 +1217,7 @@ def _matmul(
     wei_mem = mems[1]
     if constant_weights:  # prepacked once into the layout the matmul chose
         packed_md = lib.fns["dnnl_primitive_desc_query_md"](pd, QUERY_WEIGHTS_MD, 0)
-        wei_mem = o.memory(packed_md, MEMORY_ALLOCATE)
-        pack = o.reorder(wei_md, packed_md)
-        _run(lib, [(pack, _args([(ARG_FROM, mems[1]), (ARG_TO, wei_mem)]))], s)
+        wei_mem = _pack(o, wei_md, packed_md, mems[1], s, packing)
         views = [views[0], views[2]]
     args = _args(
         [(ARG_SRC, mems[0]), (ARG_WEIGHTS, wei_mem), (ARG_DST, mems[2]), (ARG_SCRATCHPAD, spad)]
