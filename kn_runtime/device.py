@@ -98,10 +98,10 @@ class Device:
         `graph` may also be what `load_onnx` takes (a path, bytes, an `onnx.ModelProto`) or a
         `ValueSpecializedModel` (shapes decided by input values: one graph per distinct value).
         On CUDA, `settings` is a `kn_cuda_eval.device.ExecutorSettings` (None: the defaults).
-        CPU backend: `max_bindings` executors are kept, one per binding of the size symbols
-        (a sequence length, an image size; least recently used first out; None:
-        `kn_cuda_eval.cpu.executor.DEFAULT_MAX_BINDINGS`, 8) — all in one arena that grows to
-        the largest binding seen, with the weights packed once."""
+        `max_bindings` executors are kept, one per binding of the size symbols (a sequence
+        length, an image size; least recently used first out; None:
+        `kn_cuda_eval.cpu.executor.DEFAULT_MAX_BINDINGS`, 8); on the CPU backend they share one
+        arena that grows to the largest binding seen, with the weights packed once."""
         if max_bindings is not None and (
             isinstance(max_bindings, bool) or not isinstance(max_bindings, int) or max_bindings < 1
         ):
@@ -139,7 +139,7 @@ class Device:
         if self.kind == "cuda" and graph.has_dynamic:
             return SegmentedCudaPreparedGraph(graph, self, batch_size, settings)
         if self.kind == "cuda":
-            return CudaPreparedGraph(graph, self, batch_size, settings)
+            return CudaPreparedGraph(graph, self, batch_size, settings, max_bindings)
         return PreparedGraph(graph, self, batch_size)
 
     def __str__(self) -> str:
@@ -212,12 +212,23 @@ class PreparedGraph:
 
 class CudaPreparedGraph(PreparedGraph):
     """A graph on a CUDA device: one `CudaExecutor` per binding of the size symbols (built on
-    first use, or at once when `batch_size` fixes every symbol), kept for later calls."""
+    first use, or at once when `batch_size` fixes every symbol), the last `max_bindings` kept
+    for later calls (least recently used first out: closed, their device memory freed)."""
 
-    def __init__(self, graph: Graph, device: Device, batch_size: int | None, settings: Any) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        device: Device,
+        batch_size: int | None,
+        settings: Any,
+        max_bindings: int = 8,
+    ) -> None:
         super().__init__(graph, device, batch_size)
         self.settings = settings
-        self.executors: dict[tuple[tuple[str, int], ...], Any] = {}
+        self.max_bindings = max_bindings
+        self.executors: collections.OrderedDict[tuple[tuple[str, int], ...], Any] = (
+            collections.OrderedDict()
+        )
         # one arena and one stream per executor: evaluations from several threads take turns
         # (the GPU runs one stream's work in order anyway)
         self._lock = threading.RLock()
@@ -241,6 +252,10 @@ class CudaPreparedGraph(PreparedGraph):
                 settings=self.settings,
             )
             self.executors[key] = ex
+            while len(self.executors) > self.max_bindings:
+                self.executors.popitem(last=False)[1].close()
+        else:
+            self.executors.move_to_end(key)
         return ex
 
     def _bindings(self, inputs: Inputs) -> dict[str, int]:
