@@ -1,26 +1,86 @@
 """The mutation fuzzer in CI: a few hundred seeded cases over the committed fixtures and the ONNX
-backend node models; each must run or fail with one KnError — no other exception, no hang, no
-crash. The long run is `python -m tests.fuzz --cases 5000 [--seed N]`."""
+backend node models (some fed edge values: INT_MIN, -1, 0, max, NaN, ±Inf); each must run on the
+reference and on `Device.cpu()` with the same outputs, or fail with one KnError — no other
+exception, no disagreement, no hang, no crash. The long run is
+`python -m tests.fuzz --cases 5000 [--seed N]`."""
 
 from __future__ import annotations
 
 import collections
 
+import numpy as np
+
 from tests.fuzz.__main__ import report
-from tests.fuzz.runner import FIXTURES, run_cases
+from tests.fuzz.compare import difference, with_edge_values
+from tests.fuzz.runner import FAILURES, FIXTURES, run_cases
 
 CASES = 400
 SEED = 20240601
 
+KNOWN: dict[int, str] = {
+    54: "loop_decode: a segment planned before its outer binding (ShapeMismatchError 'B')",
+    158: "loop_decode: a segment planned before its outer binding (ShapeMismatchError 'B')",
+    96: "NaN/-Inf through a conv's fused ReLU (oneDNN eltwise relu)",
+    187: "NaN/-Inf through a conv's fused ReLU (oneDNN eltwise relu)",
+    259: "NaN/-Inf through a conv's fused ReLU (oneDNN eltwise relu)",
+    300: "NaN/-Inf through a conv's fused ReLU (oneDNN eltwise relu)",
+    317: "NaN/-Inf through a conv's fused ReLU (oneDNN eltwise relu)",
+}
+"""Failures of this seed whose fixes are under way (issue 19), by case: reported, not failed on.
+Only as disagreements (a crash or internal error there still fails); delete an entry when its
+fix lands (a case listed here that passes is fine)."""
 
-def test_fuzzed_models_run_or_raise_one_kn_error() -> None:
+
+def test_fuzzed_models_agree_on_both_executors_or_raise_one_kn_error() -> None:
     outcomes = run_cases(SEED, range(CASES), workers=2, timeout=30.0)
     counts = collections.Counter(o.kind for o in outcomes)
     assert len(outcomes) == CASES
-    bad = [o for o in outcomes if o.kind in ("internal", "hang", "crash")]
+    known = [o for o in outcomes if o.kind == "disagree" and o.index in KNOWN]
+    bad = [o for o in outcomes if o.kind in FAILURES and o not in known]
     assert not bad, report(bad, SEED, "all", len(FIXTURES))
     # the fuzzer must still reach evaluation and our errors, not fail everything in one place
     assert counts["ran"] > CASES // 10 and counts["KnError"] > CASES // 3, counts
+    edges = [o for o in outcomes if any("edge values" in d for d in o.description)]
+    assert sum(o.kind == "ran" for o in edges) > CASES // 50, counts
+
+
+def test_difference_is_exact_for_integers_and_tolerant_for_floats() -> None:
+    i = np.array([1, -(2**31), 2**31 - 1], np.int32)
+    assert difference([i], [i.copy()]) is None
+    off = i.copy()
+    off[2] -= 1
+    diff = difference([off], [i])
+    assert diff is not None and "1 of 3 elements differ" in diff and "(2,)" in diff
+    assert "shape [3] != reference [1, 3]" in str(difference([i], [i[None]]))
+    assert "dtype int64 != reference int32" in str(difference([i.astype(np.int64)], [i]))
+    assert "1 values != reference 2" in str(difference([i], [i, i]))
+    f = np.array([1.0, 1000.0, -3.0], np.float32)
+    assert difference([f * (1 + 1e-6)], [f]) is None  # within f32's tolerance
+    assert "> 0.0001 (float32)" in str(difference([f + 1.0], [f]))
+    assert difference([f.astype(np.float16) + 1], [f.astype(np.float16)]) is None  # 1e-3 of 1000
+    seq = [[f, f], i]
+    assert difference([[f, f + 1], i], seq) is not None and difference(seq, seq) is None
+
+
+def test_difference_wants_nan_and_infinities_where_the_reference_has_them() -> None:
+    want = np.array([np.nan, np.inf, -np.inf, 0.0], np.float32)
+    assert difference([want.copy()], [want]) is None
+    for k, v in [(0, 0.0), (3, np.nan), (1, -np.inf), (2, 3.0), (3, np.inf)]:
+        got = want.copy()
+        got[k] = v
+        diff = difference([got], [want])
+        assert diff is not None and f"first at ({k},)" in diff, (k, v, diff)
+
+
+def test_edge_values_are_the_extremes_of_the_dtype() -> None:
+    rng = np.random.default_rng(0)
+    i8 = with_edge_values(np.zeros(400, np.int8), rng, 1.0)
+    assert set(i8.tolist()) == {-128, -1, 0, 1, 127}
+    u16 = with_edge_values(np.full(400, 7, np.uint16), rng, 0.25)
+    assert {0, 1, 65535, 7} == set(u16.tolist())
+    f = with_edge_values(np.ones(400, np.float16), rng, 0.5)
+    assert np.isnan(f).any() and (f == np.inf).any() and (f == -np.inf).any() and (f == 1).any()
+    assert with_edge_values(np.ones(3, bool), rng, 1.0).all()
 
 
 def _misbehave(seed: int, index: int, workdir, corpus: str = "all", max_fixtures: int = 0):

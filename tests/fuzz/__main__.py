@@ -1,4 +1,5 @@
-"""`python -m tests.fuzz --cases 5000 [--seed N]`: counts per outcome and the first failures."""
+"""`python -m tests.fuzz --cases 5000 [--seed N]`: counts per outcome (disagreements between
+`Device.cpu()` and the reference included) and the first failures."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.fuzz.runner import CORPORA, FIXTURES, Outcome, build_case, run_case, run_cases
-
-BAD = ("internal", "hang", "crash")
+from tests.fuzz.runner import CORPORA, FAILURES, FIXTURES, Outcome, build_case, run_case, run_cases
 
 
 def describe(seed: int, index: int, corpus: str, max_fixtures: int) -> list[str]:
@@ -25,14 +24,20 @@ def report(
 ) -> str:
     counts = collections.Counter(o.label for o in outcomes)
     lines = [f"{label:<55} {n:>6}" for label, n in sorted(counts.items())]
-    for kind in BAD:
+    for kind in FAILURES:
         if kind not in counts:
             lines.append(f"{kind:<55} {0:>6}")
     flags = "" if corpus == "all" else f" --corpus {corpus}"
     flags += "" if max_fixtures == len(FIXTURES) else f" --fixtures {max_fixtures}"
-    bad = [o for o in outcomes if o.kind in BAD]
-    wrapped = [o for o in outcomes if " <- " in o.detail]
-    for title, group in (("failures", bad), ("executor-wrapped NumPy errors", wrapped)):
+    bad = [o for o in outcomes if o.kind in FAILURES]
+    wrapped = [o for o in outcomes if o.kind == "KnError" and " <- " in o.detail]
+    lenient = [o for o in outcomes if o.kind in ("lenient", "refused")]
+    groups = (
+        ("failures", bad),
+        ("executor-wrapped NumPy errors", wrapped),
+        ("product runs the reference refuses, or refused for memory", lenient),
+    )
+    for title, group in groups:
         if not group:
             continue
         lines.append(f"\nfirst {min(show, len(group))} of {len(group)} {title}:")
@@ -57,15 +62,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fixtures", type=int, default=len(FIXTURES), help="use the N smallest")
     p.add_argument("--case", type=int, help="run one case in this process and print it")
     p.add_argument("--show", type=int, default=5, help="failures to print")
+    p.add_argument(
+        "--save",
+        type=Path,
+        help="with --case: write the mutated model (DIR/model.onnx) and its inputs (DIR/inputs.npz)",
+    )
     a = p.parse_args(argv)
     if a.case is not None:
         with tempfile.TemporaryDirectory() as d:
-            o = run_case(a.seed, a.case, Path(d), a.corpus, a.fixtures)
+            o = run_case(a.seed, a.case, Path(d), a.corpus, a.fixtures, save=a.save)
         print("\n".join(o.description))
         print(f"-> {o.label} ({o.seconds:.2f} s)")
         if o.detail and o.kind != "KnError":
             print(o.detail)
-        return 1 if o.kind in BAD else 0
+        return 1 if o.kind in FAILURES else 0
     start = time.perf_counter()
     cases = range(a.first, a.first + a.cases)
     outcomes = run_cases(a.seed, cases, a.workers, a.timeout, a.corpus, a.fixtures)
@@ -75,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         f"on {a.workers} workers"
     )
     print(report(outcomes, a.seed, a.corpus, a.fixtures, a.show))
-    return 1 if any(o.kind in BAD for o in outcomes) else 0
+    return 1 if any(o.kind in FAILURES for o in outcomes) else 0
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ class Case:
     load: Callable[[], Any]
     misuse_eval: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
+    model: onnx.ModelProto | None = None
+    """The mutated model (None for the file and argument cases), for `--save`."""
 
 
 def _externalize(model: onnx.ModelProto) -> TensorProto | None:

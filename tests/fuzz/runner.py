@@ -1,7 +1,9 @@
 """Run fuzz cases: build one from (seed, index), load it with `load_onnx`, evaluate what loads on
-small inputs through `Device.cpu(reference=True).prepare(...).eval(...)`, and classify the outcome. Cases run
-in forked worker processes (memory-limited) so that a hang is killed after a time limit and a
-crash is seen as a dead worker instead of killing the run."""
+small inputs (some with edge values: INT_MIN, -1, 0, max, NaN, ±Inf) through the reference
+executor `Device.cpu(reference=True)` and through the product `Device.cpu()` (the plan as C and
+oneDNN), compare the two (`compare.difference`) and classify the outcome. Cases run in forked
+worker processes (memory-limited) so that a hang is killed after a time limit and a crash is
+seen as a dead worker instead of killing the run."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import faulthandler
 import math
 import multiprocessing as mp
 import os
+import re
 import resource
 import shutil
 import signal
@@ -32,10 +35,12 @@ from kn_graph.onnx.context import onnx_dtype
 from kn_graph.shape import Shape, Size, infer_symbols
 from kn_runtime import Device
 from tests.fuzz.cases import Case, args_case, eval_misuse, file_case
+from tests.fuzz.compare import difference, with_edge_values
 from tests.fuzz.mutate import corrupt_bytes, mutate
 
 __all__ = [
     "CORPORA",
+    "FAILURES",
     "FIXTURES",
     "Outcome",
     "backend_models",
@@ -56,20 +61,45 @@ VALUE_LIMIT = 64 << 20
 """Evaluation is skipped (outcome "skipped") when an input or computed value would be larger:
 the fuzzer looks for wrong behaviour, not for slow arithmetic on huge tensors."""
 
+EDGE_CASES = 0.3
+"""The fraction of cases whose inputs mix in edge values (`compare.with_edge_values`)."""
+
+EDGE_FRACTIONS = (0.05, 0.25, 1.0)
+"""How much of each input such a case replaces (one picked per case)."""
+
+THREADS = 1
+"""Intra-op threads of the product `Device.cpu(threads=...)` in the fuzzer: the workers share
+the machine (and a forked worker never meets an OpenMP pool its parent started)."""
+
+FAILURES = ("internal", "hang", "crash", "disagree")
+"""The outcome kinds that fail a run."""
+
 
 @dataclass
 class Outcome:
-    """How one case ended: `kind` is ran, skipped, KnError, internal, hang or crash."""
+    """How one case ended. `kind`:
+    - ran: both executors ran and agree; skipped: inputs or values over VALUE_LIMIT;
+    - KnError: the reference raised one of our errors (`detail`: its class) and so did the
+      product;
+    - lenient: the reference raised one of our errors but the product returned outputs;
+    - refused: the reference ran but the product refused the work for memory (its KnError);
+    - disagree: the product's outputs differ from the reference's, or it raised a KnError
+      where the reference ran (`detail` says which output, the error and the values);
+    - internal: an exception that is not a KnError (from either executor, `detail`: the
+      traceback); hang: over the time limit; crash: the worker died.
+    The kinds in FAILURES fail a run."""
 
     index: int
     kind: str
-    detail: str  # the KnError class, or the traceback of an internal error
+    detail: str
     description: list[str]
     seconds: float = 0.0
 
     @property
     def label(self) -> str:
-        return f"KnError {self.detail}" if self.kind == "KnError" else self.kind
+        if self.kind in ("KnError", "lenient", "refused"):
+            return f"{self.kind} {self.detail.splitlines()[0][:60]}"
+        return self.kind
 
 
 CORPORA = ("fixtures", "backend", "all")
@@ -150,7 +180,7 @@ def build_case(
             desc.append(f"bytes: {what}")
             case = Case(desc, lambda: load_onnx(blob))
         else:
-            case = Case(desc, lambda: load_onnx(model))
+            case = Case(desc, lambda: load_onnx(model), model=model)
         case.misuse_eval = rng.random() < 0.05
     case.description = head + case.description
     case.kwargs = {"feeds": feeds, "rng": rng}
@@ -200,9 +230,13 @@ def _bindings(
 
 
 def _feed(
-    specs: list[tuple[str, Shape, np.dtype]], feeds: dict[str, np.ndarray], rng: np.random.Generator
+    specs: list[tuple[str, Shape, np.dtype]],
+    feeds: dict[str, np.ndarray],
+    rng: np.random.Generator,
+    edges: float = 0.0,
 ) -> dict[str, np.ndarray] | None:
-    """Inputs of the declared shapes (None when one would exceed VALUE_LIMIT)."""
+    """Inputs of the declared shapes (None when one would exceed VALUE_LIMIT); with `edges`,
+    about that fraction of every input's elements are edge values of its dtype."""
     bound = _bindings(specs, feeds)
     out: dict[str, np.ndarray] = {}
     for name, shape, dt in specs:
@@ -221,6 +255,8 @@ def _feed(
             out[name] = rng.random(dims) < 0.5
         else:
             out[name] = rng.integers(0, 4, dims).astype(dt)
+        if edges:
+            out[name] = with_edge_values(out[name], rng, edges)
     return out
 
 
@@ -238,48 +274,118 @@ def _too_big(graph: Graph, feed: dict[str, np.ndarray]) -> bool:
         return False  # evaluation reports it
 
 
-def _evaluate(case: Case, loaded: Any) -> str:
+def _copied(inputs: Any) -> Any:
+    """Fresh copies of the arrays in `inputs` (each executor gets its own)."""
+    if isinstance(inputs, dict):
+        return {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
+    if isinstance(inputs, list):
+        return [np.array(v) if isinstance(v, np.ndarray) else v for v in inputs]
+    return inputs
+
+
+def _run(device: Device, loaded: Any, inputs: Any) -> tuple[list[Any] | None, KnError | None]:
+    """`device.prepare(loaded).eval(inputs)`: the outputs, or the KnError it raised."""
+    try:
+        return device.prepare(loaded).eval(inputs), None
+    except KnError as e:
+        return None, e
+
+
+_MEMORY = re.compile(r"out of memory|\bmemory\b|\barena\b", re.IGNORECASE)
+
+
+def _memory_refusal(e: KnError) -> bool:
+    """Whether the product's error is it refusing work for memory (not a wrong answer)."""
+    return isinstance(e.__cause__, MemoryError) or bool(_MEMORY.search(str(e)))
+
+
+def _kn_detail(e: KnError) -> str:
+    detail = type(e).__name__
+    cause = e.__cause__
+    if isinstance(e, EvaluationError | ShapeMismatchError) and (
+        cause is not None and not isinstance(cause, KnError)
+    ):
+        detail += f" <- {type(cause).__name__}"  # an executor wrapping a NumPy error
+    return detail
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:400]}"
+
+
+def _evaluate(case: Case, loaded: Any) -> tuple[str, str]:
+    """Feed what loaded to both executors and compare: (kind, detail) as in `Outcome`."""
     feeds, rng = case.kwargs["feeds"], case.kwargs["rng"]
     if not isinstance(loaded, Graph | ValueSpecializedModel):
         raise TypeError(f"load_onnx returned {type(loaded).__name__}")
     specs = _inputs(loaded)
-    feed = _feed(specs, feeds, rng)
+    edges = 0.0
+    if rng.random() < EDGE_CASES:
+        edges = float(rng.choice(EDGE_FRACTIONS))
+        case.description.append(f"inputs: edge values in about {edges:.0%} of the elements")
+    feed = _feed(specs, feeds, rng, edges)
     if feed is None:
-        return "skipped"
+        return "skipped", ""
     if isinstance(loaded, ValueSpecializedModel):
         graph = loaded.specialize(feed)
         if _too_big(graph, {n: feed[n] for n in graph.input_names}):
-            return "skipped"
+            return "skipped", ""
     elif _too_big(loaded, feed):
-        return "skipped"
-    prepared = Device.cpu(reference=True).prepare(loaded)
+        return "skipped", ""
+    inputs: Any = feed
+    case.kwargs["feed"] = feed
     if case.misuse_eval:
-        what, bad = eval_misuse([s[0] for s in specs], feed, rng)
+        what, inputs = eval_misuse([s[0] for s in specs], feed, rng)
         case.description.append(what)
-        prepared.eval(bad)
-    else:
-        prepared.eval(feed)
-    return "ran"
+    want, want_error = _run(Device.cpu(reference=True), loaded, _copied(inputs))
+    try:
+        got, got_error = _run(Device.cpu(THREADS), loaded, _copied(inputs))
+    except Exception:
+        return "internal", "in Device.cpu() (the product):\n" + traceback.format_exc()
+    if want_error is not None:
+        if got_error is None:
+            return (
+                "lenient",
+                f"{_kn_detail(want_error)}\nthe reference raised {_one_line(want_error)}",
+            )
+        return "KnError", _kn_detail(want_error)
+    if got_error is not None:
+        what = f"Device.cpu() raised {_one_line(got_error)} where the reference ran"
+        if _memory_refusal(got_error):
+            return "refused", f"{type(got_error).__name__} (memory)\n{what}"
+        return "disagree", what
+    diff = difference(got, want)
+    if diff is not None:
+        return "disagree", f"Device.cpu() against the reference: {diff}"
+    return "ran", ""
 
 
 def run_case(
-    seed: int, index: int, workdir: Path, corpus: str = "all", max_fixtures: int = len(FIXTURES)
+    seed: int,
+    index: int,
+    workdir: Path,
+    corpus: str = "all",
+    max_fixtures: int = len(FIXTURES),
+    save: Path | None = None,
 ) -> Outcome:
-    """Build, load and evaluate one case in this process."""
+    """Build, load and evaluate one case in this process. `save`: a folder to write the mutated
+    model (model.onnx) and the inputs it was fed (inputs.npz) to, for a reproduction."""
     start = time.perf_counter()
     case = Case([f"case {index}"], lambda: None)
     try:
         case = build_case(seed, index, workdir, corpus, max_fixtures)
-        kind = _evaluate(case, case.load())
-        detail = ""
+        if save is not None and case.model is not None:
+            save.mkdir(parents=True, exist_ok=True)
+            onnx.save(case.model, save / "model.onnx")
+        kind, detail = _evaluate(case, case.load())
     except KnError as e:
-        kind, detail = "KnError", type(e).__name__
-        cause = e.__cause__
-        wrapped = cause is not None and not isinstance(cause, KnError)
-        if isinstance(e, EvaluationError | ShapeMismatchError) and wrapped:
-            detail += f" <- {type(cause).__name__}"  # an executor wrapping a NumPy error
+        kind, detail = "KnError", _kn_detail(e)
     except Exception:
         kind, detail = "internal", traceback.format_exc()
+    feed = case.kwargs.get("feed")
+    if save is not None and feed is not None:
+        np.savez(save / "inputs.npz", **feed)
     return Outcome(index, kind, detail, case.description, time.perf_counter() - start)
 
 
