@@ -373,6 +373,9 @@ def scan(ctx: NodeContext) -> list[Result]:
     if n_out < 0:
         ctx.unsupported(f"the body returns {len(sub.output)} values for {n_state} states")
     xs = [ctx.input(n_state + j) for j in range(n_in)]
+    for j, x in enumerate(xs):
+        if g[x].rank == 0:  # ctx.axis takes axis 0 of a scalar (as Concat and Gather may)
+            ctx.unsupported(f"scan input {j} is a scalar: it has no axis to scan")
     in_axes = [
         ctx.axis(a, g[x].rank)
         for a, x in zip(ctx.attr_ints("scan_input_axes", [0] * n_in) or [], xs, strict=True)
