@@ -9,7 +9,9 @@ Each live value ends up in one of two states:
   becomes one kernel (split every `max_kernel_ops` instructions). A lazy value is materialised by
   an `Elementwise` step when it has more than one user or is an output (fusion never recomputes a
   shared value), and before any library call (cuBLAS, cuDNN). Row kernels (softmax, layernorm,
-  reduce) take a lazy input as their prologue.
+  reduce) take a lazy input as their prologue. A reduction over axes along which its input only
+  repeats one value (an Expand, or a unary chain over one) is planned over one copy
+  (kn_cuda_eval/reduceplan.py), as the reference executor reduces broadcasts.
 
 Buffers are named in a planning address space (buffer id in the high bits of the offset) and
 rebased to arena offsets once the memory planner has packed them.
@@ -26,11 +28,14 @@ import numpy as np
 
 from kn_cuda_eval import steps as st
 from kn_cuda_eval.lazy import Lazy, combine
+from kn_cuda_eval.limits import human_bytes
 from kn_cuda_eval.memory import BufferKind
 from kn_cuda_eval.program import Bin, Const, Index, Load, Program, ProgramBuilder, Sel, Un, prune
+from kn_cuda_eval.reduceplan import plan_reduce_of_copies
 from kn_cuda_eval.view import StridedView, coalesce
 from kn_graph.dtype import DType
 from kn_graph.errors import ArgumentTypeError, ArgumentValueError, KnError, PlanError
+from kn_graph.filemap import release_pages
 from kn_graph.graph import Graph
 from kn_graph.ops import (
     Attention,
@@ -173,11 +178,19 @@ def _compact(e: st.Expr) -> st.Expr:
     )
 
 
-def _human_bytes(n: int) -> str:
-    """1.5 TiB, 32 EiB: the size in the largest binary unit that keeps it >= 1."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
-    k = min(max((n.bit_length() - 1) // 10, 0), len(units) - 1)
-    return f"{n / 1024**k:.3g} {units[k]}"
+def _uniform(flat: np.ndarray) -> bool:
+    """Whether every element equals the first. A few probes first: a real weight differs at
+    once, and reading all of it would map the whole model file into memory at every plan (a
+    BERT-base binding planned took 440 MB more at its peak)."""
+    n = flat.size
+    if n == 1:
+        return True
+    try:
+        if not bool(np.all(flat[[0, 1, n // 2, n - 1]] == flat[0])):  # NaN: not uniform either
+            return False
+        return bool(np.all(flat == flat[0]))
+    finally:  # a probe maps the page cache's whole folio: give a mapped file's pages back
+        release_pages(flat)
 
 
 def _scalar_const(e: st.Expr) -> Const | None:
@@ -252,7 +265,7 @@ class _Planner:
         if size >= MAX_BUFFER_BYTES:
             raise PlanError(
                 f"{name} {dtype}[{','.join(map(str, shape))}]: {size:,} bytes "
-                f"({_human_bytes(size)}) is more than a plan can address (below 2^48 bytes = "
+                f"({human_bytes(size)}) is more than a plan can address (below 2^48 bytes = "
                 "256 TiB per tensor)"
             )
         return size
@@ -472,6 +485,8 @@ class _Planner:
                 )
                 self.state[i] = out
             case Reduce(x, axes, rop):
+                if plan_reduce_of_copies(self, i, x.index, axes, rop):
+                    return  # repeated axes reduced on one copy (kn_cuda_eval.reduceplan)
                 out = self.temp(shape, info.dtype, self.name(i))
                 self.row_step(
                     self.row_input(x.index),
@@ -518,11 +533,7 @@ class _Planner:
     def visit_constant(self, i: int, arr: np.ndarray) -> None:
         info = self.g[self.val(i)]
         flat = arr.reshape(-1)
-        if (
-            flat.size >= 1
-            and (flat.size == 1 or bool(np.all(flat == flat[0])))
-            and not np.isnan(flat[0]).any()
-        ):
+        if flat.size >= 1 and _uniform(flat) and not np.isnan(flat[0]).any():
             self.state[i] = Lazy.const(arr.shape, flat[0].item(), info.dtype)
             return
         off = self.new_buffer(BufferKind.CONST, arr.nbytes, self.name(i), arr)
