@@ -18,6 +18,7 @@ import numpy as np
 
 from kn_cuda_eval import steps as st
 from kn_cuda_eval.emulator_ops import compute_dtype, eval_program, index_values
+from kn_cuda_eval.limits import check_plan
 from kn_cuda_eval.plan import Plan
 from kn_cuda_eval.view import StridedView
 from kn_graph.cpu import available_bytes
@@ -86,6 +87,7 @@ def load_arena(plan: Plan, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarra
                 f"emulate: step {k} ({s.describe()[:200]}) needs about {_gib(need)} GiB of "
                 f"scratch, have {_gib(budget)} GiB available beside the arena"
             )
+    check_plan(plan, who="emulate")  # the outputs' copies too (a Tile of 2^40 elements)
     arena = np.full(plan.arena_size, 0xFF, dtype=np.uint8)
     for off, data in plan.constants:
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)

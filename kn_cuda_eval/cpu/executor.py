@@ -54,6 +54,7 @@ from kn_cuda_eval import steps as st
 from kn_cuda_eval.cpu import attention, build, csource, elide, fuse, layouts
 from kn_cuda_eval.device.profile import Profile, ProfileRow
 from kn_cuda_eval.emulator import emulate_step, plan_inputs, view_array
+from kn_cuda_eval.limits import check_allocation, check_plan
 from kn_cuda_eval.plan import Plan
 from kn_cuda_eval.plan import plan as make_plan
 from kn_cuda_eval.planner import PlanSettings
@@ -249,17 +250,6 @@ def _content(data: np.ndarray) -> tuple[object, ...]:
     return ("content", digest.hexdigest(), data.shape, data.dtype.str)
 
 
-def _check_allocation(plan: Plan, nbytes: int) -> None:
-    """An arena that cannot be had is our error before the mapping, naming the bytes (not
-    `OSError: [Errno 12]` from mmap, nor a machine swapping its way through page faults)."""
-    avail = available_bytes()
-    if nbytes > avail:
-        raise EvaluationError(
-            f"the host executor's arena needs {nbytes:,} bytes (constants {plan.const_size:,}, "
-            f"{len(plan.steps)} steps) and this process can have {avail:,}"
-        )
-
-
 class HostArena:
     """The arena of a prepared graph's executors (one per binding of the sizes; they run one at a
     time): one private mapping that grows to the largest binding seen (with a quarter of
@@ -300,7 +290,9 @@ class HostArena:
         if self.array is None or need > self.capacity:
             page = mmap.PAGESIZE
             size = -(-max(need, self.capacity + self.capacity // 4) // page) * page
-            _check_allocation(plan, size)
+            if size > need and size > available_bytes():  # no headroom where memory is short
+                size = -(-need // page) * page
+            check_allocation(f"the host executor's arena ({len(plan.steps)} steps)", size)
             self.array, self._mm = _private_mapping(size)
             # unwritten memory reads as NaN, as in the emulator (constants are copied in)
             self.array[plan.const_size : need].fill(0xFF)
@@ -535,6 +527,7 @@ class HostExecutor:
             extra = at - scratch + used
         self.blocked = self._layouts(dnn)  # before the calls: strided steps' views change
         need = scratch + extra if extra else plan.arena_size
+        check_plan(plan, need)  # what cannot fit is refused before anything is mapped
         arena = shared.arena.take(plan, need) if shared is not None else None
         if arena is None:  # an arena of its own
             if shared is not None:
@@ -1028,7 +1021,10 @@ class HostPreparedGraph:
         settings: PlanSettings | None = None,
         *,
         max_bindings: int = DEFAULT_MAX_BINDINGS,
+        eager: bool = True,
     ) -> None:
+        """`eager=False`: nothing is planned before the first `executor(bindings)` (a segment of
+        a graph run in segments, whose runner binds its sizes)."""
         self.graph = graph
         self.batch_size = batch_size
         self.threads = threads
@@ -1045,17 +1041,21 @@ class HostPreparedGraph:
         )
         # planned at once when nothing is left to bind (onnxruntime's session does all its
         # work up front too): the first evaluation then costs what every other one does
-        if not symbols or (batch_size is not None and symbols <= {BATCH}):
+        if eager and (not symbols or (batch_size is not None and symbols <= {BATCH})):
             self.executor({BATCH: batch_size} if BATCH in symbols else {})
 
-    def executor(self, bindings: Mapping[str, int]) -> HostExecutor:
+    def executor(self, bindings: Mapping[str, int], *, check: bool = True) -> HostExecutor:
+        """The executor of these symbol values (made, or rebuilt over a grown arena, when
+        needed). `check`: a symbol no value binds is the reference's error first (a segment's
+        runner binds what its plan needs itself)."""
         key = tuple(sorted(bindings.items()))
         ex = self.executors.get(key)
         if ex is not None and ex.stale:  # built over an arena a larger binding replaced
             self.executors.pop(key).close()
             ex = None
         if ex is None:
-            _check_bound(self.graph, bindings)
+            if check:
+                _check_bound(self.graph, bindings)
             p = make_plan(self.graph, bindings=dict(bindings), settings=self.settings)
             ex = HostExecutor(p, self.threads, shared=self.memory)
             self.built += 1
