@@ -11,7 +11,7 @@ import numpy as np
 import scipy.special
 
 from kn_cuda_eval.program import Bin, Const, Index, Instr, Load, Program, Sel, Un
-from kn_graph.dtype import DType
+from kn_graph.dtype import DType, float_to_int
 from kn_graph.ops import BinaryOp, UnaryOp
 
 __all__ = ["compute_dtype", "eval_program", "index_values"]
@@ -86,7 +86,7 @@ def _unary(op: UnaryOp, a: np.ndarray, src: DType, dt: DType) -> np.ndarray:
         if dt is DType.BOOL:
             return np.asarray(a != 0)
         if src.is_float and not dt.is_float and not dt.is_bool:
-            a = np.trunc(a)
+            return float_to_int(a, dt.np)  # toward zero, saturating, NaN -> 0
         return _round(a, dt)
     if op is UnaryOp.BITCAST:
         stored = np.ascontiguousarray(np.asarray(a).astype(src.np))

@@ -21,6 +21,7 @@ from typing import Any, assert_never
 import numpy as np
 import scipy.special
 
+from kn_graph.dtype import float_to_int
 from kn_graph.dynamic import bind_results, outer_bindings, run_dynamic
 from kn_graph.errors import (
     ArgumentTypeError,
@@ -422,7 +423,7 @@ def _unary(op: UnaryOp, a: np.ndarray, out: np.dtype) -> np.ndarray:
             if out == np.bool_:
                 return a != 0
             if a.dtype.kind == "f" and out.kind in "iu":
-                a = np.trunc(a)
+                return float_to_int(a, out)  # toward zero, saturating, NaN -> 0
             return a.astype(out)
         if op is UnaryOp.BITCAST:
             return a.view(out)

@@ -8,7 +8,7 @@ import numpy as np
 
 from kn_graph.errors import GraphError
 
-__all__ = ["DType"]
+__all__ = ["DType", "float_to_int"]
 
 
 class DType(enum.Enum):
@@ -101,3 +101,21 @@ _C: dict[DType, str] = {
     DType.U64: "unsigned long long",
     DType.BOOL: "bool",
 }
+
+
+def float_to_int(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Float to integer conversion as every executor does it (the reference, the plan emulator,
+    the CPU backend's C and the CUDA kernels: `kn_cuda_eval.kernels.exprs.cast`): toward zero,
+    saturating at the bounds of `dtype`, NaN to 0. C leaves an out-of-range conversion undefined
+    and machines differ (x86 gives INT_MIN, or 0xFFFFFFFF with AVX-512's unsigned converts; ARM
+    and CUDA saturate; NumPy's loops inherit whichever they compile to); ONNX's Cast leaves it
+    undefined too. Saturation is the one rule that every machine can give bit for bit."""
+    info = np.iinfo(dtype)
+    x = np.asarray(a, dtype=np.float64)  # f16 and f32 exactly; the bounds below are exact too
+    nan = np.isnan(x)
+    low = x <= float(info.min)
+    high = x >= 2.0 ** (info.bits - (1 if info.min < 0 else 0))  # max + 1, a power of two
+    out = np.where(nan | low | high, 0.0, np.trunc(x)).astype(dtype)
+    out[low] = info.min
+    out[high] = info.max
+    return out

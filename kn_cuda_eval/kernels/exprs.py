@@ -107,14 +107,26 @@ _INT_UNARY: dict[UnaryOp, str] = {
 
 
 def cast(x: str, src: DType, dst: DType) -> str:
-    """Value conversion (C semantics: float → int truncates; → bool is `!= 0`)."""
+    """Value conversion: → bool is `!= 0`; float → int truncates toward zero, saturating at the
+    bounds, NaN → 0 (`kn_graph.dtype.float_to_int`: C leaves out-of-range conversions undefined,
+    and x86, AVX-512 and CUDA each give something else). `x` is an SSA name: it may repeat."""
     if dst is DType.BOOL:
         return f"({x} != 0)"
     if dst is DType.F16:
         conv = "__double2half" if src is DType.F64 else "__float2half"
         arg = x if src in (DType.F64, DType.F32, DType.F16) else f"(float)({x})"
         return f"__half2float({conv}({arg}))"
-    return f"(({compute_ctype(dst)})({x}))"
+    ct = compute_ctype(dst)
+    if src.is_float and dst.is_int:
+        info = np.iinfo(dst.np)
+        h = "" if src is DType.F64 else "f"
+        lo = f"{float(info.min).hex()}{h}"  # -2^(n-1) or 0: exact in f32
+        hi = f"{(2.0 ** (info.bits - (1 if dst.is_signed else 0))).hex()}{h}"  # max + 1: exact
+        return (
+            f"({x} != {x} ? ({ct})0 : {x} <= {lo} ? {literal(int(info.min), dst)} : "
+            f"{x} >= {hi} ? {literal(int(info.max), dst)} : ({ct})({x}))"
+        )
+    return f"(({ct})({x}))"
 
 
 def bitcast(x: str, src: DType, dst: DType) -> str:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from kn_graph.errors import UnsupportedOnnxError
 from kn_graph.onnx import load_onnx
 from kn_runtime import Device
+from tests.cuda_eval.helpers import check_plan
 from tests.fuzz.compare import difference
 
 
@@ -55,3 +56,52 @@ def test_scan_of_a_scalar_is_our_error() -> None:
     )
     with pytest.raises(UnsupportedOnnxError, match="scan input 0 is a scalar"):
         load_onnx(model)
+
+
+@pytest.mark.parametrize("src", [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE])
+def test_float_to_integer_casts_saturate_alike_everywhere(src: int) -> None:
+    # the op-level fuzz: f32 -> u32 gave 0xFFFFFFFF for NaN, ±Inf and -2.5 on Device.cpu()
+    # (AVX-512's unsigned convert) and 0x80000000, 0 or a wrapped value on the reference
+    # (NumPy's loops): C leaves it undefined. Now toward zero, saturating, NaN -> 0 on both.
+    targets = {
+        "i8": TensorProto.INT8,
+        "u8": TensorProto.UINT8,
+        "i16": TensorProto.INT16,
+        "u16": TensorProto.UINT16,
+        "i32": TensorProto.INT32,
+        "u32": TensorProto.UINT32,
+        "i64": TensorProto.INT64,
+        "u64": TensorProto.UINT64,
+    }
+    nodes = [helper.make_node("Cast", ["x"], [k], to=t) for k, t in targets.items()]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", src, [12])],
+        [helper.make_tensor_value_info(k, t, [12]) for k, t in targets.items()],
+    )
+    dt = helper.tensor_dtype_to_np_dtype(src)
+    big = float(np.finfo(dt).max)
+    x = np.array([np.nan, np.inf, -np.inf, -2.5, -0.5, 0.0, 2.9, 300.0, -300.0, 1e4, big, -big])
+    feed = {"x": x.astype(dt)}
+    check_against_reference(model, feed)
+    check_plan(load_onnx(model), feed)  # the emulator too; the CUDA kernels compile (NVRTC)
+    got = dict(zip(targets, Device.cpu(1).prepare(load_onnx(model)).eval(feed), strict=True))
+    assert got["u8"].tolist() == [0, 255, 0, 0, 0, 0, 2, 255, 0, 255, 255, 0]
+    assert got["i8"].tolist() == [0, 127, -128, -2, 0, 0, 2, 127, -128, 127, 127, -128]
+    i32 = 2**31 - 1
+    assert got["i32"].tolist()[:10] == [0, i32, -i32 - 1, -2, 0, 0, 2, 300, -300, 10000]
+    assert got["u64"].tolist()[:4] == [0, 2**64 - 1, 0, 0]
+
+
+def test_float_to_integer_casts_of_constants_saturate_at_load_time() -> None:
+    x = np.array([np.nan, np.inf, -np.inf, -2.5, 300.0], np.float32)
+    model = _model(
+        [
+            helper.make_node("Constant", [], ["x"], value=numpy_helper.from_array(x, "x")),
+            helper.make_node("Cast", ["x"], ["y"], to=TensorProto.UINT8),
+        ],
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [5])],
+    )
+    (y,) = Device.cpu(1).prepare(load_onnx(model)).eval({})
+    assert y.tolist() == [0, 255, 0, 0, 255]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kn_graph.dtype import DType
+from kn_graph.dtype import DType, float_to_int
 from kn_graph.errors import GraphError, UnsupportedOnnxError
 from kn_graph.graph import Graph, broadcast_shapes
 from kn_graph.onnx.context import Known, NodeContext, Result, onnx_dtype, onnx_op
@@ -629,7 +629,12 @@ def _known_cast(ctx: NodeContext, k: Known, to: DType) -> Result:
     if not k.is_symbolic:
         if to.is_float:
             return ctx.graph.constant(k.data.astype(to.np))
-        data = k.data != 0 if to.is_bool else k.data.astype(to.np)
+        if to.is_bool:
+            data = k.data != 0
+        elif k.data.dtype.kind == "f":
+            data = float_to_int(k.data, to.np)  # as every executor converts
+        else:
+            data = k.data.astype(to.np)
         return Known(np.asarray(data), to)
     if to.is_int:
         return Known.of(k.data, to)  # sizes stay sizes
