@@ -232,6 +232,7 @@ def _check_model(model: onnx.ModelProto, options: _Options) -> None:
         raise OnnxImportError(
             "the model imports no opset (ONNX requires an opset_import for the default domain)"
         )
+    _check_text(model)
     g = model.graph
     inputs = [i.name for i in g.input]
     seen: set[str] = set()
@@ -261,6 +262,32 @@ def _check_model(model: onnx.ModelProto, options: _Options) -> None:
                 f"load_onnx: {arg} names {unknown}, which are not graph inputs (the inputs are "
                 f"{inputs})"
             )
+
+
+def _check_text(model: onnx.ModelProto) -> None:
+    """The names the loader reads (values, nodes, op types, domains, attributes, dim params, in
+    subgraphs too) are text: protobuf hands a string that is not valid UTF-8 over as `bytes`
+    instead of refusing it."""
+    texts: list[str | bytes] = [o.domain for o in model.opset_import]
+    graphs = [model.graph]
+    while graphs:
+        g = graphs.pop()
+        texts.append(g.name)
+        texts += [t.name for t in g.initializer]
+        for vi in (*g.input, *g.output, *g.value_info):
+            texts.append(vi.name)
+            texts += [d.dim_param for d in vi.type.tensor_type.shape.dim]
+        for n in g.node:
+            texts += (n.name, n.op_type, n.domain, *n.input, *n.output)
+            for a in n.attribute:
+                texts.append(a.name)
+                if a.type == onnx.AttributeProto.GRAPH:
+                    graphs.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    graphs.extend(a.graphs)
+    bad = next((t for t in texts if isinstance(t, bytes)), None)
+    if bad is not None:
+        raise OnnxImportError(f"the model has a name that is not valid UTF-8: {bad[:80]!r}")
 
 
 def _load(model: onnx.ModelProto, folder: Path | None, options: _Options, files: FileMaps) -> Graph:

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from kn_graph.errors import UnsupportedOnnxError
+from kn_graph.errors import OnnxImportError, UnsupportedOnnxError
 from kn_graph.onnx import load_onnx
 from kn_runtime import Device
 from tests.cuda_eval.helpers import check_plan
@@ -105,3 +105,16 @@ def test_float_to_integer_casts_of_constants_saturate_at_load_time() -> None:
     )
     (y,) = Device.cpu(1).prepare(load_onnx(model)).eval({})
     assert y.tolist() == [0, 255, 0, 0, 255]
+
+
+def test_a_name_that_is_not_utf8_is_our_error() -> None:
+    # fuzz seed 11 case 77 (backend corpus, bit flips): protobuf gave the input's name as bytes
+    # and the loader's re.sub raised TypeError
+    model = _model(
+        [helper.make_node("Relu", ["data"], ["y"])],
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+    )
+    blob = model.SerializeToString().replace(b"data", b"dat\xe1")
+    with pytest.raises(OnnxImportError, match="not valid UTF-8"):
+        load_onnx(blob)
