@@ -11,7 +11,10 @@ executor folds such a step into the convolution right before it:
 when step k+1 is a flat elementwise step (`layouts.is_flat`) whose only operand is exactly t,
 t is read by nothing else (it dies there and is no plan output), y has t's dtype and size and
 does not overlap what the convolution reads, and f is one oneDNN computes: SiLU (swish), a
-clamp (ReLU6, `clip_v2`), ReLU, sigmoid (logistic), tanh, exact and tanh GELU.
+clamp (ReLU6, `clip_v2`), ReLU, sigmoid (logistic), tanh, exact and tanh GELU — and computes as
+the reference does on this machine, NaN and ±inf included (`agrees`): oneDNN's JIT ReLU and
+clamps are max/min instructions, which turn NaN into the bound on x86, while the reference, the
+emulator and onnxruntime keep it. Those stay separate steps (one more pass over the tensor).
 
     steps, posts = fold_activations(plan.steps, plan.outputs, candidates)
     # steps[k]: the convolution writing y; steps[k + 1]: Folded(k); posts[k]: ((alg, alpha, beta), ...)
@@ -24,14 +27,19 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from kn_cuda_eval import steps as st
+from kn_cuda_eval.cpu import onednn
 from kn_cuda_eval.cpu.layouts import is_flat
 from kn_cuda_eval.cpu.onednn import ELTWISE_RELU, PostOp
+from kn_cuda_eval.emulator_ops import eval_program
 from kn_cuda_eval.program import Bin, Const, Load, Program, Un
 from kn_cuda_eval.view import StridedView
+from kn_graph.dtype import DType
 from kn_graph.ops import BinaryOp, UnaryOp
 
-__all__ = ["ELTWISE", "Folded", "PostOp", "fold_activations", "post_ops"]
+__all__ = ["ELTWISE", "Folded", "PostOp", "agrees", "fold_activations", "post_ops", "relu_agrees"]
 
 # dnnl_alg_kind_t (dnnl_types.h; stable across oneDNN 3.x)
 ELTWISE = {
@@ -124,6 +132,48 @@ def post_ops(p: Program) -> tuple[PostOp, ...] | None:
     return tuple(out)
 
 
+_AGREES: dict[tuple[tuple[PostOp, ...], DType], bool] = {}
+_TOLERANCE = {DType.F32: (1e-5, 1e-6), DType.F16: (2e-3, 1e-3)}  # rtol, atol
+
+
+def agrees(program: Program, ops: tuple[PostOp, ...], dtype: DType) -> bool:
+    """Whether oneDNN's eltwise post-ops `ops` compute what `program` (the activation step they
+    would replace) computes, on this machine: NaN where the reference has NaN, the same
+    infinities, finite values within the kernels' accuracy, over the special values of
+    `onednn.probe_post_ops`. Asked once per process, chain and dtype (a few milliseconds); False
+    when the probe cannot run. Equal chains are equal functions (`post_ops`), so the first
+    program seen answers for all."""
+    key = (ops, dtype)
+    hit = _AGREES.get(key)
+    if hit is None:
+        hit = _AGREES[key] = _probe_agrees(program, ops, dtype)
+    return hit
+
+
+def relu_agrees(dtype: DType) -> bool:
+    """Whether the convolution's own ReLU (`st.Conv.relu`, the planner's conv fusion, which
+    `onednn` runs as an eltwise relu post-op) keeps NaN here, as `agrees` asks it of a folded
+    one."""
+    relu = Program((Load(0, dtype), Const(0.0, dtype), Bin(BinaryOp.MAX, 0, 1, dtype)), (2,))
+    return agrees(relu, ((ELTWISE["relu"], 0.0, 0.0),), dtype)
+
+
+def _probe_agrees(program: Program, ops: tuple[PostOp, ...], dtype: DType) -> bool:
+    probes = onednn.probe_post_ops(ops, dtype)
+    if probes is None or dtype not in _TOLERANCE:
+        return False
+    rtol, atol = _TOLERANCE[dtype]
+    for t, y in probes:
+        want = eval_program(program, [t], [])[program.roots[0]].astype(dtype.np)
+        nan = np.isnan(want)
+        if (nan != np.isnan(y)).any():
+            return False
+        with np.errstate(all="ignore"):
+            if not np.isclose(y[~nan], want[~nan], rtol=rtol, atol=atol).all():
+                return False  # np.isclose: infinities must be equal
+    return True
+
+
 def _overlap(a: StridedView, b: StridedView) -> bool:
     (alo, ahi), (blo, bhi) = a.byte_extent(), b.byte_extent()
     return alo < bhi and blo < ahi
@@ -159,6 +209,8 @@ def fold_activations(
             continue
         ops = post_ops(nxt.program)
         if ops is None or not _dead_after(out, outputs, k + 1, t):
+            continue
+        if not agrees(nxt.program, ops, t.dtype):  # last: the first ask runs oneDNN
             continue
         if y.byte_extent() == t.byte_extent() or not any(_overlap(y, r) for r in conv.reads()):
             out[k] = dataclasses.replace(conv, out=StridedView.dense(y.offset, t.shape, t.dtype))
