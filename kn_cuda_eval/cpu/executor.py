@@ -342,10 +342,6 @@ class SharedMemory:
             "workspace": 0 if self.workspace is None else int(self.workspace.mapped),
         }
 
-    def close(self) -> None:
-        if self.packed is not None:
-            self.packed.close()
-
 
 def _packed_operand(s: st.Step) -> StridedView | None:
     """The operand a oneDNN runner packs once when it is a constant: a conv's weights, a GEMM's
@@ -528,16 +524,13 @@ class HostExecutor:
         self.blocked = self._layouts(dnn)  # before the calls: strided steps' views change
         need = scratch + extra if extra else plan.arena_size
         check_plan(plan, need)  # what cannot fit is refused before anything is mapped
-        arena = shared.arena.take(plan, need) if shared is not None else None
-        if arena is None:  # an arena of its own
-            if shared is not None:
-                log.debug("a binding with another constant layout: an arena of its own")
-            shared = SharedMemory(HostArena(), shared.packed, shared.workspace) if shared else None
-            own = shared.arena if shared is not None else HostArena()
+        own = shared.arena if shared is not None else HostArena()
+        arena = own.take(plan, need)
+        if arena is None:  # not the constant layout of the prepared graph's arena
+            log.debug("a binding with another constant layout: an arena of its own")
+            own = HostArena()
             arena = own.take(plan, need)
             assert arena is not None
-        else:
-            own = shared.arena  # type: ignore[union-attr]
         self.arena = arena
         self._home = own
         self.generation = own.generation
