@@ -216,7 +216,7 @@ def plot(results: dict[str, dict[str, dict]], out: Path) -> None:
                 for k, v in enumerate(s["samples"])
             ]
             d.line(pts, fill=colors[side], width=2)
-            d.text((w - pad - 160, top + 36 + 14 * i), side, fill=colors[side])
+            d.text((w - pad - 160, top + h - pad - 40 + 14 * i), side, fill=colors[side])
     img.save(out)
 
 
