@@ -836,7 +836,16 @@ class Graph(NNBuilders):
             raise GraphError(f"matmul: dtypes differ ({ai.dtype} and {bi.dtype})")
         if ai.dtype.is_bool:
             raise GraphError("matmul: bool operands")
-        return self._push(Shape.of(ai.shape[0], ai.shape[1], bi.shape[2]), ai.dtype, MatMul(a, b))
+        bsz, m, k = ai.shape
+        n = bi.shape[2]
+        if ai.dtype.is_int:
+            # cuBLAS and oneDNN have no integer GEMM: a broadcast product summed over k, which
+            # every device fuses into one reduction (exact, and wrapping as np.matmul does)
+            full = Shape.of(bsz, m, k, n)
+            pa = self.broadcast(self.view(a, Shape.of(bsz, m, k, 1)), full)
+            pb = self.broadcast(self.view(b, Shape.of(bsz, 1, k, n)), full)
+            return self.reduce(self.binary(BinaryOp.MUL, pa, pb), [2], ReduceOp.SUM)
+        return self._push(Shape.of(bsz, m, n), ai.dtype, MatMul(a, b))
 
     def unary(self, op: UnaryOp, x: Value) -> Value:
         info = self[x]

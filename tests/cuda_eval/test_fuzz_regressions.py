@@ -118,3 +118,29 @@ def test_a_name_that_is_not_utf8_is_our_error() -> None:
     blob = model.SerializeToString().replace(b"data", b"dat\xe1")
     with pytest.raises(OnnxImportError, match="not valid UTF-8"):
         load_onnx(blob)
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8])
+def test_integer_matmul_runs_on_the_product(dtype: int) -> None:
+    # the op-level fuzz: Device.cpu() raised PlanError "cuBLAS has no GEMM for i64" where the
+    # reference ran; now a broadcast product summed over k (one fused reduction), wrapping
+    model = _model(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])],
+        [
+            helper.make_tensor_value_info("a", dtype, [2, 3, 4]),
+            helper.make_tensor_value_info("b", dtype, [4, 5]),
+        ],
+        [helper.make_tensor_value_info("y", dtype, [2, 3, 5])],
+    )
+    dt = helper.tensor_dtype_to_np_dtype(dtype)
+    info = np.iinfo(dt)
+    rng = np.random.default_rng(0)
+    edges = np.array([info.min, info.max, 0, 1, info.max // 2], dt)
+    a = rng.choice(edges, size=(2, 3, 4))
+    b = rng.choice(edges, size=(4, 5))
+    feed = {"a": a, "b": b}
+    check_against_reference(model, feed)
+    (y,) = Device.cpu(1).prepare(load_onnx(model)).eval(feed)
+    with np.errstate(over="ignore"):
+        assert (y == np.matmul(a, b)).all()
+    check_plan(load_onnx(model), feed)
