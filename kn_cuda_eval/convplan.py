@@ -47,7 +47,7 @@ def conv_fusion(p: _Planner, chain: list[int]) -> ConvFusion:
         assert isinstance(op, Binary)
         other = op.b if op.a.index == chain[pos - 1] else op.a
         if op.op is BinaryOp.MAX:
-            if p.g.scalar_value(other) == 0 and p.g[other].dtype.is_float:
+            if p.s.fuse_conv_relu and p.g.scalar_value(other) == 0 and p.g[other].dtype.is_float:
                 return ConvFusion(pos + 1, bias, residual, True)
             break
         s = p.state[other.index]

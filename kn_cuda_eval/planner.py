@@ -85,6 +85,11 @@ class PlanSettings:
     """Merge chains of Unary/Binary/Select/Iota (and row-kernel prologues) into one kernel."""
     fuse_conv: bool = True
     """Fold bias, one residual add and relu into the cuDNN convolution."""
+    fuse_conv_relu: bool = True
+    """With `fuse_conv`: fold the relu too. Off where the library's relu does not keep NaN as
+    `max(x, 0)` does (oneDNN's JIT relu is a max instruction that gives 0 for NaN: the CPU
+    backend plans with it off then, `kn_cuda_eval.cpu.fuse.relu_agrees`); the relu is then an
+    elementwise step of its own."""
     fused_attention: bool = True
     """Attention as one generated kernel; off: MatMul (alpha=scale), Softmax, MatMul."""
     max_recompute: int = 8
@@ -102,7 +107,7 @@ class PlanSettings:
     activation) are tens of ops and never split."""
 
     def __post_init__(self) -> None:
-        for name in ("fuse_elementwise", "fuse_conv", "fused_attention"):
+        for name in ("fuse_elementwise", "fuse_conv", "fuse_conv_relu", "fused_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentTypeError(
                     f"PlanSettings: {name} must be a bool, found {getattr(self, name)!r}"

@@ -64,6 +64,7 @@ from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
 from kn_graph.filemap import release_pages
 from kn_graph.graph import Graph
+from kn_graph.ops import Conv
 from kn_graph.shape import BATCH
 
 __all__ = [
@@ -992,6 +993,15 @@ def _check_bound(graph: Graph, bindings: Mapping[str, int]) -> None:
                 )
 
 
+def host_plan_settings(graph: Graph) -> PlanSettings:
+    """The planner's settings for the host: the convolutions' relu folded only where oneDNN's
+    relu keeps NaN (`fuse.relu_agrees`, asked of the library once per process, and only for a
+    graph with a convolution); elsewhere it is an elementwise step of its own."""
+    if not any(isinstance(graph[v].op, Conv) for v in graph.values()) or _onednn() is None:
+        return PlanSettings()
+    return PlanSettings(fuse_conv_relu=fuse.relu_agrees(DType.F32))
+
+
 DEFAULT_MAX_BINDINGS = 8
 """Executors a prepared graph keeps, one per binding of its size symbols (least recently used
 first out): 8 covers a batch, a few sequence-length buckets and image sizes while bounding
@@ -1021,7 +1031,7 @@ class HostPreparedGraph:
         self.graph = graph
         self.batch_size = batch_size
         self.threads = threads
-        self.settings = settings
+        self.settings = settings if settings is not None else host_plan_settings(graph)
         self.max_bindings = max(1, int(max_bindings))
         self.memory = SharedMemory.make()
         self.executors: collections.OrderedDict[tuple[tuple[str, int], ...], HostExecutor] = (

@@ -261,16 +261,22 @@ def test_a_relu_step_folds_only_where_it_keeps_nan() -> None:
 
 
 def test_the_convolutions_own_relu_keeps_nan() -> None:
-    """The planner's conv → relu fusion (`st.Conv.relu`) runs as oneDNN's eltwise relu too.
-    Where that loses NaN (x86 JIT: max(x, 0)) there is no step to run the relu in instead:
-    the planner must leave the relu out of the convolution for this backend. Known, open."""
+    """The planner's conv → relu fusion (`st.Conv.relu`) runs as oneDNN's eltwise relu. Where
+    that loses NaN (x86 JIT: max(x, 0)) the CPU backend plans with the relu out of the
+    convolution (`host_plan_settings`), an elementwise step of its own."""
+    from kn_cuda_eval.cpu.executor import HostPreparedGraph, host_plan_settings
+
     g = _conv_act_graph(lambda g, c: c, relu_first=True)
     x = _special_input()
     (ref,) = evaluate(g, [x])
-    (got,) = Device.cpu().prepare(g).eval([x])
-    if (np.isnan(got) != np.isnan(ref)).any() and not fuse.relu_agrees(DType.F32):
-        pytest.xfail("oneDNN's relu post-op loses NaN here; the planner fuses it into the conv")
+    prepared = Device.cpu().prepare(g)
+    (got,) = prepared.eval([x])
     assert_close(got, ref, "conv relu")
+    keeps = onednn.available() is not None or fuse.relu_agrees(DType.F32)
+    assert host_plan_settings(g).fuse_conv_relu == keeps
+    (ex,) = HostPreparedGraph(g, threads=1).executors.values()
+    convs = [s for s in ex.plan.steps if isinstance(s, st.Conv)]
+    assert convs and all(s.relu == keeps for s in convs)
 
 
 _PROBED = {
