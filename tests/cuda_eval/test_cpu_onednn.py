@@ -1,7 +1,8 @@
 """oneDNN runners (kn_cuda_eval.cpu.onednn) against the plan emulator, step by step: every
 convolution and GEMM step of the fixture corpus (unoptimized and optimized, every binding), and
-hand-built steps with adversarial layouts. Where oneDNN is not installed the same tests check
-the fallback instead: the factories return None and the emulator's step runs."""
+hand-built steps with adversarial layouts. Where oneDNN is not installed, or does not implement
+a step's data type on this CPU (F16 needs AVX512-FP16 or AMX: `onednn_probe` asks it), the same
+tests check the fallback instead: the factories return None and the emulator's step runs."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, KnError
 from kn_graph.optimizer import optimize
 from tests.cuda_eval.corpus import FIXTURES, cases
+from tests.cuda_eval.onednn_probe import implements
 
 TOL = {DType.F32: 1e-5, DType.F16: 2e-2, DType.F64: 1e-12}
 HAVE = onednn.available() is None
@@ -43,19 +45,28 @@ def _close(got: np.ndarray, ref: np.ndarray, dt: DType, what: str) -> None:
         assert err <= TOL[dt], f"{what}: max relative difference {err:.3g} > {TOL[dt]}"
 
 
-def check_step(
-    arena: np.ndarray, k: int, s: st.Conv | st.MatMul, expect_runner: bool, const: bool = False
-) -> bool:
+def runs(s: st.Conv | st.MatMul) -> bool:
+    """Whether a runner must take step s here: F64 GEMMs go to NumPy's BLAS on every machine;
+    convolutions and other GEMMs to oneDNN where it implements their kind and data type on
+    this CPU (asked of oneDNN; F32 everywhere, F16 only with AVX512-FP16/AMX), else the
+    factories give None and the emulator's step runs (the documented fallback)."""
+    if isinstance(s, st.Conv):
+        return implements("conv", s.out.dtype)
+    return s.dtype is DType.F64 or implements("gemm", s.dtype)
+
+
+def check_step(arena: np.ndarray, k: int, s: st.Conv | st.MatMul, const: bool = False) -> bool:
     """Run step k through its runner on a copy of `arena` and through the emulator on `arena`
     itself; compare what the step wrote. `const`: the weights are constants (packed once).
-    Returns whether a oneDNN/BLAS runner ran."""
+    The runner must exist exactly where `runs(s)` says. Returns whether a runner ran."""
     mine = arena.copy()
     r = _runner(s, mine, const)
     out = s.out if isinstance(s, st.Conv) else s.c
-    if not HAVE and not (isinstance(s, st.MatMul) and s.dtype is DType.F64):
-        assert r is None, "without oneDNN the runner factories must give the fallback (None)"
-    if expect_runner and HAVE:
+    if runs(s):
         assert r is not None, f"step {k} ({s.describe()}) fell back to the emulator"
+    else:
+        why = onednn.available() or f"oneDNN does not implement {s.describe()} on this CPU"
+        assert r is None, f"a runner for step {k} ({s.describe()}), where {why}"
     if r is None:
         emulate_step(mine, k, s)  # the caller's fallback
     else:
@@ -63,12 +74,6 @@ def check_step(
     emulate_step(arena, k, s)
     _close(view_array(mine, out), view_array(arena, out), out.dtype, f"step {k} {s.describe()}")
     return r is not None
-
-
-def _expressible(s: st.Conv | st.MatMul) -> bool:
-    """Steps the runners must take (not fall back on): f32/f16 convolutions, f32/f16/f64 GEMMs."""
-    dts = (DType.F32, DType.F16) if isinstance(s, st.Conv) else (DType.F32, DType.F16, DType.F64)
-    return (s.out.dtype if isinstance(s, st.Conv) else s.dtype) in dts
 
 
 # -- the fixture corpus ---------------------------------------------------------------------------
@@ -90,7 +95,7 @@ def test_corpus_conv_and_gemm_steps_match_the_emulator(name: str) -> None:
                 if isinstance(s, st.Conv | st.MatMul):
                     w = s.w if isinstance(s, st.Conv) else s.a
                     const = any(o <= w.offset < o + d.nbytes for o, d in p.constants)
-                    check_step(arena, k, s, expect_runner=_expressible(s), const=const)
+                    check_step(arena, k, s, const=const)
                 else:
                     emulate_step(arena, k, s)
 
@@ -200,7 +205,7 @@ CONVS = {
 @pytest.mark.parametrize("case", list(CONVS))
 def test_conv_runner_matches_the_emulator(case: str, const: bool) -> None:
     s, arena = _conv(**CONVS[case])  # type: ignore[arg-type]
-    check_step(arena, 0, s, expect_runner=True, const=const)
+    check_step(arena, 0, s, const=const)
 
 
 def test_conv_weights_per_run_follow_a_change() -> None:
@@ -233,7 +238,8 @@ def test_conv_layouts_agree(layout: str) -> None:
 def test_conv_f64_falls_back() -> None:
     s, arena = _conv(n=1, c=2, spatial=(4, 4), k=2, ks=(3, 3), dt=DType.F64)
     assert onednn.conv_runner(s, arena, 2) is None
-    check_step(arena, 0, s, expect_runner=False)
+    assert not runs(s)
+    check_step(arena, 0, s)
 
 
 def _gemm(
@@ -291,7 +297,7 @@ GEMMS = {
 @pytest.mark.parametrize("case", list(GEMMS))
 def test_gemm_runner_matches_the_emulator(case: str, const: bool) -> None:
     s, arena = _gemm(**GEMMS[case])  # type: ignore[arg-type]
-    check_step(arena, 0, s, expect_runner=True, const=const)
+    check_step(arena, 0, s, const=const)
 
 
 def test_gemm_beta_is_a_sum_post_op() -> None:
@@ -299,7 +305,7 @@ def test_gemm_beta_is_a_sum_post_op() -> None:
     c = view_array(arena, s.c)
     c[...] = np.random.default_rng(1).standard_normal(c.shape)
     s = st.MatMul(s.a, s.b, s.c, s.transa, s.transb, s.m, s.n, s.k, s.batch, 0.5, 2.0)
-    check_step(arena, 0, s, expect_runner=True)
+    check_step(arena, 0, s)
 
 
 @pytest.mark.parametrize("backend", ["onednn", "blas"])
@@ -331,6 +337,43 @@ def test_rebind_moves_a_runner_to_another_arena() -> None:
     _close(view_array(other, s.out), view_array(ref, s.out), DType.F32, "rebound")
 
 
+# -- through the executor ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", [DType.F32, DType.F16], ids=["f32", "f16"])
+def test_executor_runs_convolutions_and_gemms_where_onednn_implements_them(dt: DType) -> None:
+    """A convolution and a GEMM through the host executor against the reference executor:
+    oneDNN runs them where it implements the data type on this CPU, else the emulator's
+    convolution and NumPy's matmul do (F16 on AVX-512 without FP16, AVX2), with equal results."""
+    from kn_cuda_eval.cpu.executor import HostExecutor
+    from kn_graph import Graph
+    from kn_graph.cpu import evaluate
+    from tests.cuda_eval.helpers import assert_close
+
+    rng = np.random.default_rng(3)
+    npdt = dt.np
+    g = Graph()
+    x = g.input((2, 8, 6, 6), dt, "x")
+    w = g.constant((rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(npdt))
+    y = g.relu(g.conv(x, w, padding=(1, 1)))
+    m = g.constant((rng.standard_normal((36, 12)) * 0.2).astype(npdt))
+    g.add_output(g.matmul_nd(g.view(y, (2, 16, 36)), m), "z")
+    feed = [rng.standard_normal((2, 8, 6, 6)).astype(npdt)]
+    ex = HostExecutor(plan(g), threads=2)
+    for got, ref in zip(ex.eval(feed), evaluate(g, feed), strict=True):
+        assert_close(got, ref, f"{dt.name} conv + matmul")
+    kinds = {type(s): ex.names[k] for k, s in enumerate(ex.plan.steps)}
+    conv, gemm = kinds[st.Conv], kinds[st.MatMul]
+    # the fallbacks: the emulator's convolution; NumPy's matmul on the arena views for F32,
+    # the emulator's GEMM for F16 (its F32 accumulation and conversions)
+    if implements("conv", dt):
+        assert conv.startswith("onednn conv"), ex.names
+    else:
+        assert conv == "numpy", ex.names
+    fallback = "numpy matmul" if dt is DType.F32 else "numpy"
+    assert gemm == ("onednn/blas gemm" if implements("gemm", dt) else fallback), ex.names
+
+
 # -- availability and errors ----------------------------------------------------------------------
 
 
@@ -349,6 +392,16 @@ def test_available_when_the_wheel_is_installed() -> None:
         assert onednn.load_dnnl().version().startswith("3.")
     else:
         assert isinstance(reason, str) and "oneDNN" in reason and "\n" not in reason
+
+
+def test_f32_is_implemented_wherever_onednn_is() -> None:
+    """The probe is not vacuous: F32 convolutions and GEMMs run in oneDNN on every x86-64 CPU it
+    supports; F16 is the CPU's (the executor test above checks both answers)."""
+    for kind in ("conv", "gemm"):
+        assert implements(kind, DType.F32) == HAVE, kind  # type: ignore[arg-type]
+        assert not implements(kind, DType.F64), kind  # type: ignore[arg-type]
+        if not HAVE:
+            assert not implements(kind, DType.F16), kind  # type: ignore[arg-type]
 
 
 def test_a_failed_execution_is_our_error_naming_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -405,7 +458,8 @@ def test_a_missing_library_is_a_one_line_reason_and_the_fallback(
         assert onednn.conv_runner(s, arena, 2) is None
         g, garena = _gemm(batch=2, m=3, k=4, n=5)
         assert onednn.gemm_runner(g, garena, 2) is None
-        check_step(arena, 0, s, expect_runner=False)
+        assert not runs(s) and not runs(g)
+        check_step(arena, 0, s)
     finally:
         for f in caches:
             f.cache_clear()  # the next caller loads the real library again
