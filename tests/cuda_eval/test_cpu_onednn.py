@@ -1,8 +1,9 @@
 """oneDNN runners (kn_cuda_eval.cpu.onednn) against the plan emulator, step by step: every
 convolution and GEMM step of the fixture corpus (unoptimized and optimized, every binding), and
-hand-built steps with adversarial layouts. Where oneDNN is not installed, or does not implement
-a step's data type on this CPU (F16 needs AVX512-FP16 or AMX: `onednn_probe` asks it), the same
-tests check the fallback instead: the factories return None and the emulator's step runs."""
+hand-built steps with adversarial layouts. Where oneDNN is not installed (or hidden by
+KN_ONEDNN=0), or does not implement a step's data type on this CPU (F16 needs AVX512-FP16 or AMX:
+`onednn_probe` asks it), the same tests check the fallback instead: the factories return None
+and the emulator's step runs."""
 
 from __future__ import annotations
 
@@ -387,7 +388,9 @@ def _wheel_installed() -> bool:
 
 def test_available_when_the_wheel_is_installed() -> None:
     reason = onednn.available()
-    if _wheel_installed():
+    if not onednn._search():  # KN_ONEDNN=0: as if not installed, saying why
+        assert reason is not None and onednn.HIDE_VARIABLE in reason and "\n" not in reason
+    elif _wheel_installed():
         assert reason is None, reason
         assert onednn.load_dnnl().version().startswith("3.")
     else:
@@ -402,6 +405,30 @@ def test_f32_is_implemented_wherever_onednn_is() -> None:
         assert not implements(kind, DType.F64), kind  # type: ignore[arg-type]
         if not HAVE:
             assert not implements(kind, DType.F16), kind  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["0", "off", "False", " no "])
+def test_kn_onednn_hides_the_library(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """$KN_ONEDNN=0 behaves as if oneDNN were not installed, even after it was loaded: one-line
+    reason naming the variable, no runners, the emulator's step (the GPU image's case)."""
+    started_hidden = not onednn._search()  # then stay hidden: the run is the GPU image's
+    before = onednn.available()
+    monkeypatch.setenv(onednn.HIDE_VARIABLE, value)
+    reason = onednn.available()
+    assert reason is not None and f"KN_ONEDNN={value!r}" in reason and "\n" not in reason
+    with pytest.raises(onednn.OnednnUnavailableError, match="KN_ONEDNN"):
+        onednn.load_dnnl.__wrapped__()  # the uncached search: what a fresh process does
+    s, arena = _conv(**CONVS["resnet 3x3 +bias+res+relu"])  # type: ignore[arg-type]
+    assert onednn.conv_desc(s, 2) is None and not runs(s)
+    g, garena = _gemm(batch=2, m=3, k=4, n=5)
+    assert onednn.gemm_runner(g, garena, 2) is None and not runs(g)
+    check_step(arena, 0, s)
+    check_step(garena, 0, g)
+    if not started_hidden:
+        monkeypatch.setenv(onednn.HIDE_VARIABLE, "1")  # any other value: the library as found
+        assert onednn.available() == before
+        monkeypatch.delenv(onednn.HIDE_VARIABLE)
+        assert onednn.available() == before
 
 
 def test_a_failed_execution_is_our_error_naming_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
