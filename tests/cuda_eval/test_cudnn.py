@@ -250,6 +250,8 @@ def test_real_cudnn_output_dims_agree_with_the_planner() -> None:
             g = load(f["name"])
         except Exception:
             continue
+        if g.has_dynamic:  # data-dependent sizes: planned per segment and binding at run time
+            continue  # (corpus.fixture_plans); the static fixtures hold every kind of conv
         for _, binds in datasets(f["name"]):
             plans.append(plan(g, bindings=binds))
     for p in plans:

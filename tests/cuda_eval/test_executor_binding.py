@@ -69,20 +69,26 @@ def test_cuda_enum_values_match_cupy() -> None:
 @pytest.mark.cuda  # needs CuPy's cuBLAS binding
 @pytest.mark.parametrize("batch", [1, 3])
 def test_gemm_argument_tuples_follow_cupys_signatures(batch: int) -> None:
-    """Argument count and order against the signature CuPy documents for each function."""
+    """Argument count and order against the signature CuPy documents for each function: the
+    call names the C function our ctypes binding declares (`cublasGemmEx`), whose CuPy wrapper
+    (`gemmEx`) takes the same arguments in the same order, named as in cublas_api.h."""
     try:
         from cupy.cuda import cublas
     except Exception as e:
         pytest.skip(f"CuPy's cuBLAS binding is not importable here: {e}")
+    from kn_cuda_eval.device.cublas import PROTOTYPES
+
     g = Graph()
     a = g.input(Shape.of(batch, 5, 7), DType.F32, "a")
     b = g.input(Shape.of(batch, 7, 3), DType.F32, "b")
     g.add_output(g.matmul(a, b), "c")
     (call,) = [x for x in bind(plan(g)).calls if isinstance(x, c.GemmCall)]
-    doc = getattr(cublas, call.function).__doc__
+    assert call.function == ("cublasGemmEx" if batch == 1 else "cublasGemmStridedBatchedEx")
+    wrapper = call.function.removeprefix("cublas")
+    doc = getattr(cublas, wrapper[0].lower() + wrapper[1:]).__doc__
     names = [p.split()[-1] for p in re.search(r"\((.*)\)", doc).group(1).split(",")]
     args = call.arguments(11, 1 << 40, 22, 33)
-    assert len(args) == len(names)
+    assert len(args) == len(names) == len(PROTOTYPES[call.function][1])
     by_name = dict(zip(names, args, strict=True))
     assert by_name["handle"] == 11 and by_name["alpha"] == 22 and by_name["beta"] == 33
     assert (by_name["m"], by_name["n"], by_name["k"]) == (call.m, call.n, call.k)
