@@ -94,6 +94,7 @@ class DeviceApi(Protocol):
     def blas_handle(self, index: int) -> int: ...
     def cudnn(self) -> CudnnLib: ...
     def cudnn_handle(self, index: int) -> int: ...
+    def handle_lock(self, handle: int) -> threading.Lock: ...
     def wrap_device(self, x: object) -> DeviceArray | None: ...
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> DeviceArray: ...
 
@@ -117,6 +118,7 @@ class CupyApi:
         self._modules: dict[tuple[int, str], tuple[object, int]] = {}
         self._blas: dict[tuple[int, int], int] = {}
         self._dnn: dict[tuple[int, int], int] = {}
+        self._handle_locks: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
 
     # -- devices ---------------------------------------------------------------------------
@@ -215,7 +217,11 @@ class CupyApi:
 
     def blas_handle(self, index: int) -> int:
         """A cuBLAS handle of our own (CuPy's shared one changes state under us), one per device
-        and thread; F32 stays F32 unless a call's compute type says otherwise."""
+        and thread that asks; F32 stays F32 unless a call's compute type says otherwise. Every
+        executor built on that thread shares it, and may run on another: hold
+        `handle_lock(handle)` from `cublasSetStream_v2` to the GEMM (the stream and workspace
+        are the handle's state; a second thread setting its own in between would take the GEMM
+        onto its stream)."""
         key = (index, threading.get_ident())
         h = self._blas.get(key)
         if h is None:
@@ -239,6 +245,9 @@ class CupyApi:
         return lib
 
     def cudnn_handle(self, index: int) -> int:
+        """A cuDNN handle, one per device and thread that asks, shared as `blas_handle`'s is:
+        hold `handle_lock(handle)` around every call with it (cuDNN allows no simultaneous use
+        of one handle from several threads; `cudnnSetStream` is its state)."""
         key = (index, threading.get_ident())
         h = self._dnn.get(key)
         if h is None:
@@ -247,6 +256,12 @@ class CupyApi:
             h = int(ptr.value or 0)
             self._dnn[key] = h
         return h
+
+    def handle_lock(self, handle: int) -> threading.Lock:
+        """The lock every user of a cuBLAS or cuDNN handle holds while it sets the handle's
+        stream (and workspace) and issues the call on it: one per handle."""
+        with self._lock:
+            return self._handle_locks.setdefault(handle, threading.Lock())
 
     # -- arrays ------------------------------------------------------------------------------
     def wrap_device(self, x: object) -> DeviceArray | None:

@@ -1,12 +1,15 @@
 """Convolutions on the device, behind a small `ConvBackend` interface (so the cuDNN frontend can be
 added later): `CudnnBackend` runs a `ConvCall` with `cudnnConvolutionBiasActivationForward`
 through the ctypes binding — descriptors built once, an algorithm chosen once (cuDNN's
-heuristics, restricted to FMA math for exact F32), the workspace taken from the arena."""
+heuristics, restricted to FMA math for exact F32), the workspace taken from the arena. The cuDNN
+handle may be shared with other executors run on other threads: every call with it holds the
+handle's lock (`DeviceApi.handle_lock`), from `cudnnSetStream` to the convolution."""
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from typing import Protocol, TypeVar
 
 from kn_cuda_eval.cudnn.descriptors import (
@@ -52,17 +55,26 @@ class ConvBackend(Protocol):
 
 
 class CudnnBackend:
-    """cuDNN through `kn_cuda_eval.cudnn` (legacy API, deprecated since 9.0 but exported)."""
+    """cuDNN through `kn_cuda_eval.cudnn` (legacy API, deprecated since 9.0 but exported).
+    `lock`: held around every call with `handle` (the handle's own lock when it is shared)."""
 
     name = "cudnn"
 
-    def __init__(self, lib: CudnnLib, handle: int, workspace_limit: int) -> None:
+    def __init__(
+        self,
+        lib: CudnnLib,
+        handle: int,
+        workspace_limit: int,
+        lock: threading.Lock | None = None,
+    ) -> None:
         self.lib = lib
         self.handle = handle
         self.workspace_limit = workspace_limit
+        self.lock = lock if lock is not None else threading.Lock()
 
     def prepare(self, call: ConvCall) -> _CudnnConv:
-        return _CudnnConv(self, call)
+        with self.lock:  # the algorithm and workspace queries use the handle too
+            return _CudnnConv(self, call)
 
 
 class _CudnnConv:
@@ -70,6 +82,7 @@ class _CudnnConv:
         lib = backend.lib
         self.lib = lib
         self.handle = backend.handle
+        self.lock = backend.lock
         self.call = call
         g = call.geometry
         dt = data_type(g.dtype)
@@ -156,21 +169,22 @@ class _CudnnConv:
         return _FALLBACK, self._workspace_of(_FALLBACK)
 
     def run(self, base: int, workspace: int, stream: int) -> None:
-        self.lib.call("cudnnSetStream", self.handle, stream)
-        try:
-            self._forward(base, workspace)
-        except CudnnError as e:
-            if self.algo is _FALLBACK:
-                raise
-            log.warning(
-                "step %d: the fused convolution refused %s (%s); using %s from now on",
-                self.call.step,
-                self.algo.name,
-                e,
-                _FALLBACK.name,
-            )
-            self.algo = _FALLBACK
-            self._forward(base, workspace)
+        with self.lock:  # no other thread re-points the handle between the two calls
+            self.lib.call("cudnnSetStream", self.handle, stream)
+            try:
+                self._forward(base, workspace)
+            except CudnnError as e:
+                if self.algo is _FALLBACK:
+                    raise
+                log.warning(
+                    "step %d: the fused convolution refused %s (%s); using %s from now on",
+                    self.call.step,
+                    self.algo.name,
+                    e,
+                    _FALLBACK.name,
+                )
+                self.algo = _FALLBACK
+                self._forward(base, workspace)
 
     def _forward(self, base: int, workspace: int) -> None:
         c = self.call

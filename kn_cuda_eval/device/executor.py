@@ -2,7 +2,10 @@
 allocation (the plan's arena plus staging, zeros and library workspaces), constants uploaded once,
 NVRTC cubins, cuBLAS GEMMs on a private handle (the C API: stream and workspace set on every call,
 so GEMMs are captured too), cuDNN convolutions, all on one stream; after a warm-up evaluation the
-step list is replayed as one CUDA graph.
+step list is replayed as one CUDA graph. The library handles are shared by the executors built on
+one thread (`DeviceApi.blas_handle`), which may run on several: each library call holds its
+handle's lock from setting the stream to the call, so no GEMM or convolution lands on another
+executor's stream.
 
 >>> from kn_graph import DType, Graph, Shape
 >>> g = Graph()
@@ -143,8 +146,9 @@ class CudaExecutor:
         conv_ws = 0
         if self.launches.has_conv:
             lib = self._cudnn()
+            handle = api.cudnn_handle(self.device)
             backend = CudnnBackend(
-                lib, api.cudnn_handle(self.device), self.settings.conv_workspace_limit
+                lib, handle, self.settings.conv_workspace_limit, api.handle_lock(handle)
             )
             for c in calls:
                 if isinstance(c, ConvCall):
@@ -156,6 +160,7 @@ class CudaExecutor:
         self._upload()
         self._blas = api.blas_handle(self.device) if self.launches.has_gemm else 0
         self._cublas = api.cublas() if self.launches.has_gemm else None
+        self._blas_lock = api.handle_lock(self._blas) if self.launches.has_gemm else None
         self._steps: list[Callable[[], None]] = []
         self._describe: list[Callable[[], str]] = []
         conv_iter = iter(self._convs)
@@ -249,9 +254,10 @@ class CudaExecutor:
     def _gemm_thunk(self, c: GemmCall) -> Callable[[], None]:
         """The GEMM through cuBLAS's C API: the handle is pointed at the executor's stream and
         the arena's workspace on every call (SetStream resets the workspace, so it comes
-        second), then the GEMM; a failed status is an EvaluationError naming the step."""
-        lib, stream, handle = self._cublas, self._stream, self._blas
-        assert lib is not None
+        second), then the GEMM, all under the handle's lock (other executors share the handle
+        and may run on other threads); a failed status is an EvaluationError naming the step."""
+        lib, stream, handle, lock = self._cublas, self._stream, self._blas, self._blas_lock
+        assert lib is not None and lock is not None
         alpha = np.array([c.alpha], c.scalar)
         beta = np.array([c.beta], c.scalar)
         args = c.arguments(handle, self._base, alpha.ctypes.data, beta.ctypes.data)
@@ -260,9 +266,10 @@ class CudaExecutor:
 
         def run() -> None:
             try:
-                lib.call("cublasSetStream_v2", handle, stream.ptr)
-                lib.call("cublasSetWorkspace_v2", handle, ws, ws_size)
-                lib.call(c.function, *args)
+                with lock:
+                    lib.call("cublasSetStream_v2", handle, stream.ptr)
+                    lib.call("cublasSetWorkspace_v2", handle, ws, ws_size)
+                    lib.call(c.function, *args)
             except CublasError as e:
                 raise EvaluationError(f"step {c.step} ({c.describe()}): {e}") from e
 

@@ -8,7 +8,9 @@ driver reads it and must match a call of the launch list, cuBLAS C calls are int
 raw column-major arguments on the stream and workspace the handle holds (and `blas`, CuPy's own
 cuBLAS module, behaves as CuPy 14.2's: no calls during capture, GEMMs re-pointed at the legacy
 stream), cuDNN calls from the descriptors set through the ctypes binding, and
-synchronous calls during a capture fail as they do on CUDA. What it computes comes from the
+synchronous calls during a capture fail as they do on CUDA. A handle's stream is its state, read
+when a call is issued: `preempt` (on the fake cuBLAS and cuDNN) runs right after every
+SetStream, so a test can switch threads there and catch two executors racing on one handle. What it computes comes from the
 emulator (kernels) or from plain NumPy (libraries) — so it proves the plumbing, not the kernels.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -172,6 +175,8 @@ class GemmRecord:
     """The user workspace (pointer, bytes) set on the handle; None: cuBLAS's own pool."""
     compute: int
     captured: bool
+    thread: int = 0
+    """The host thread that issued it."""
 
 
 class FakeCublasC:
@@ -188,6 +193,7 @@ class FakeCublasC:
         self.math: dict[int, int] = {}
         self.gemms: list[GemmRecord] = []
         self.fail: dict[str, int] = {}  # GEMM function -> the status it returns (injected)
+        self.preempt: Callable[[], None] | None = None  # called after every SetStream
         self.next = 0x5000
         for name in CUBLAS_PROTOTYPES:
             setattr(self, name, _Fn(getattr(self, "_" + name), strict=True))
@@ -223,6 +229,8 @@ class FakeCublasC:
         self.api.stream_by_ptr(_v(stream))
         self.streams[_v(h)] = _v(stream)
         self.workspaces.pop(_v(h), None)  # as cuBLAS: back to its own workspace pool
+        if self.preempt is not None:
+            self.preempt()
         return 0
 
     def _cublasSetWorkspace_v2(self, h: Any, ptr: Any, nbytes: int) -> int:
@@ -286,7 +294,11 @@ class FakeCublasC:
         be = scalar.from_address(beta).value
         stream = api.stream_by_ptr(self.streams.get(h, LEGACY_STREAM))
         ws = self.workspaces.get(h)
-        self.gemms.append(GemmRecord(fn, stream.ptr, ws, comp, stream.capturing is not None))
+        self.gemms.append(
+            GemmRecord(
+                fn, stream.ptr, ws, comp, stream.capturing is not None, threading.get_ident()
+            )
+        )
 
         def mat(ptr: int, rows: int, cols: int, ld: int, sbatch: int) -> np.ndarray:
             size = dt.itemsize
@@ -383,6 +395,7 @@ class FakeCudnnLib:
         self.next = 0x9000
         self.convs: list[dict[str, Any]] = []
         self.refuse: set[int] = set()  # algorithms the fused call answers NOT_SUPPORTED
+        self.preempt: Callable[[], None] | None = None  # called after every cudnnSetStream
         for name in PROTOTYPES:
             impl = getattr(self, "_" + name, None)
             if impl is None:
@@ -416,6 +429,8 @@ class FakeCudnnLib:
 
     def _cudnnSetStream(self, h: Any, stream: Any) -> int:
         self.objs[_v(h)]["stream"] = _v(stream)
+        if self.preempt is not None:
+            self.preempt()
         return 0
 
     def _cudnnSetTensorNdDescriptor(self, d: Any, dt: int, nb: int, dims: Any, strides: Any) -> int:
@@ -501,8 +516,17 @@ class FakeCudnnLib:
         dt = np.dtype(_DNN_NP[X["dtype"]])
         scalar = ctypes.c_double if dt == np.float64 else ctypes.c_float
         al1, al2 = scalar.from_address(_v(a1)).value, scalar.from_address(_v(a2)).value
-        self.convs.append({"math": C["math"], "algo": algo, "alpha2": al2, "act": A["mode"]})
         stream = api.stream_by_ptr(o[_v(h)]["stream"])
+        self.convs.append(
+            {
+                "math": C["math"],
+                "algo": algo,
+                "alpha2": al2,
+                "act": A["mode"],
+                "stream": stream.ptr,
+                "thread": threading.get_ident(),
+            }
+        )
         x, w, z, b, y = (_v(p) for p in (x, w, z, b, y))
 
         def op() -> None:
@@ -640,6 +664,7 @@ class FakeApi:
         self.cudnn_error: Exception | None = None  # raised by cudnn() when set (cuDNN missing)
         self._dnn: int | None = None
         self._blas: int | None = None
+        self._handle_locks: dict[int, threading.Lock] = {}
 
     def expect(self, launches: LaunchList) -> None:
         for c in launches.calls:
@@ -771,6 +796,8 @@ class FakeApi:
         return self.cublas_lib
 
     def blas_handle(self, index: int) -> int:
+        """One handle for the whole fake device (the real api keeps one per device and thread:
+        executors built on one thread share it, which is the case this models)."""
         if self._blas is None:
             self._blas = self.cublas_lib.create_handle()
         return self._blas
@@ -786,6 +813,9 @@ class FakeApi:
             self.lib.call("cudnnCreate", ctypes.byref(p))
             self._dnn = int(p.value or 0)
         return self._dnn
+
+    def handle_lock(self, handle: int) -> threading.Lock:
+        return self._handle_locks.setdefault(handle, threading.Lock())
 
     def wrap_device(self, x: object) -> DeviceArray | None:
         if isinstance(x, FakeDeviceArray):

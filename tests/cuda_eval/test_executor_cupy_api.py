@@ -91,6 +91,8 @@ def test_runtime_driver_and_cublas_calls_match_cupys_signatures() -> None:
     api.launch(9, (4, 1, 1), (256, 1, 1), 0, s, 1234)  # type: ignore[arg-type]
     assert api.blas_handle(0) == 0x5001 and api.blas_handle(0) == 0x5001  # one per device+thread
     assert blas.math == {0x5001: 0}  # created once, default math (F32 stays F32)
+    lock = api.handle_lock(0x5001)  # one per handle: every executor sharing it holds this one
+    assert api.handle_lock(0x5001) is lock and api.handle_lock(0x5002) is not lock
     names = [n for n, _ in api.rt.calls + api.driver.calls]  # type: ignore[attr-defined]
     assert names.count("memcpyAsync") == 2 and "memsetAsync" in names and "memcpy" in names
     assert ("launchKernel", (9, 4, 1, 1, 256, 1, 1, 0, 0x77, 1234, 0)) in api.driver.calls  # type: ignore[attr-defined]

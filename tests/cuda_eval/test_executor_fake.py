@@ -5,8 +5,11 @@ through the executor on the fake device: see helpers.check_device.)"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -250,6 +253,62 @@ def test_a_failed_gemm_status_is_an_error_naming_the_step() -> None:
         ex.eval([a, b])
     del fake.cublas_c.fail["cublasGemmStridedBatchedEx"]
     _same(ex.eval([a, b]), [np.full((3, 5, 3), 7, np.float32)])
+
+
+# -- two executors on two threads, one library handle ---------------------------------------------
+def _meeting() -> Callable[[], None]:
+    """A thread switch: wait for the other thread to come to the same place (0.5 s at most; a
+    no-op from then on once it could not, e.g. because a lock keeps it out)."""
+    meet = threading.Barrier(2, timeout=0.5)
+
+    def switch() -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            meet.wait()
+
+    return switch
+
+
+def test_executors_sharing_a_handle_run_their_calls_on_their_own_streams() -> None:
+    """Executors built on one thread share its cuBLAS and cuDNN handles. Run on two threads,
+    one could set the shared handle's stream between the other's SetStream and its call, which
+    would then run on the wrong stream (or land in the other's CUDA graph). The fake switches
+    threads right after each SetStream (both threads meet there); every GEMM and convolution
+    must still run on the stream of the executor that issued it, and both results be right."""
+    fake = FakeApi()
+    g = _mixed_graph()  # a convolution and a batched GEMM
+    exs = [CudaExecutor(g, api=fake) for _ in range(2)]  # built on this thread
+    for ex in exs:
+        fake.expect(ex.launches)
+    assert exs[0]._blas == exs[1]._blas  # one handle: what could race
+    fake.cublas_c.preempt = _meeting()
+    fake.lib.lib.preempt = _meeting()  # type: ignore[attr-defined]
+    xs = [_x() for _ in exs]
+    want = [emulate(ex.plan, [x]) for ex, x in zip(exs, xs, strict=True)]
+    stream_of: dict[int, int] = {}
+    got: dict[int, list[list[np.ndarray]]] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        stream_of[threading.get_ident()] = exs[i]._stream.ptr
+        try:
+            got[i] = [exs[i].eval([xs[i]]) for _ in range(3)]  # eager, captured, replayed
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(exs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    gemms, convs = fake.cublas_c.gemms, fake.lib.lib.convs  # type: ignore[attr-defined]
+    assert len(gemms) == len(convs) == 4  # per executor: the warm-up and the capture
+    assert [(r.stream == stream_of[r.thread]) for r in gemms] == [True] * 4, gemms
+    assert [(c["stream"] == stream_of[c["thread"]]) for c in convs] == [True] * 4, convs
+    assert all(ex.uses_cuda_graph for ex in exs)
+    for i, outs in got.items():
+        for out in outs:
+            _same(out, want[i])
 
 
 # -- ordering: constants before the first kernel, close() waits --------------------------------
