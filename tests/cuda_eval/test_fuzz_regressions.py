@@ -144,3 +144,21 @@ def test_integer_matmul_runs_on_the_product(dtype: int) -> None:
     with np.errstate(over="ignore"):
         assert (y == np.matmul(a, b)).all()
     check_plan(load_onnx(model), feed)
+
+
+def test_split_to_sequence_with_a_2d_split_is_our_error() -> None:
+    # fuzz seed 5 case 443 (backend corpus): the input and the split swapped, a 2-D split gave
+    # TypeError (int() of an array)
+    model = _model(
+        [
+            helper.make_node(
+                "Constant", [], ["split"], value=numpy_helper.from_array(np.ones((2, 2), np.int64))
+            ),
+            helper.make_node("SplitToSequence", ["x", "split"], ["s"]),
+            helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    with pytest.raises(UnsupportedOnnxError, match="split must be a scalar or 1-D"):
+        Device.cpu(1).prepare(load_onnx(model)).eval({"x": np.zeros((4, 3), np.float32)})

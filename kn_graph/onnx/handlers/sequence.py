@@ -109,6 +109,8 @@ def split_to_sequence(ctx: NodeContext) -> Result:
     dim = shape[axis]
     if ctx.has_input(1):
         split = np.asarray(ctx.input_static(1, "split")).astype(np.int64)
+        if split.ndim > 1:
+            ctx.unsupported(f"split must be a scalar or 1-D, found shape {list(split.shape)}")
         n = dim.as_int() if split.ndim == 0 else None
         if split.ndim == 0:
             step = int(split)
