@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.fuzz import runner
 from tests.fuzz.runner import CORPORA, FAILURES, FIXTURES, Outcome, build_case, run_case, run_cases
 
 
@@ -63,11 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--case", type=int, help="run one case in this process and print it")
     p.add_argument("--show", type=int, default=5, help="failures to print")
     p.add_argument(
+        "--threads", type=int, default=runner.THREADS, help="threads of the product Device.cpu()"
+    )
+    p.add_argument(
         "--save",
         type=Path,
         help="with --case: write the mutated model (DIR/model.onnx) and its inputs (DIR/inputs.npz)",
     )
     a = p.parse_args(argv)
+    runner.THREADS = a.threads
     if a.case is not None:
         with tempfile.TemporaryDirectory() as d:
             o = run_case(a.seed, a.case, Path(d), a.corpus, a.fixtures, save=a.save)
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     took = time.perf_counter() - start
     print(
         f"{len(outcomes)} cases (seed {a.seed}, from {a.first}) in {took:.1f} s "
-        f"on {a.workers} workers"
+        f"on {a.workers} workers (Device.cpu(threads={a.threads}) against the reference)"
     )
     print(report(outcomes, a.seed, a.corpus, a.fixtures, a.show))
     return 1 if any(o.kind in FAILURES for o in outcomes) else 0

@@ -69,7 +69,8 @@ EDGE_FRACTIONS = (0.05, 0.25, 1.0)
 
 THREADS = 1
 """Intra-op threads of the product `Device.cpu(threads=...)` in the fuzzer: the workers share
-the machine (and a forked worker never meets an OpenMP pool its parent started)."""
+the machine (`python -m tests.fuzz --threads N` sets it before the workers fork; they never
+meet an OpenMP pool of their parent's)."""
 
 FAILURES = ("internal", "hang", "crash", "disagree")
 """The outcome kinds that fail a run."""
