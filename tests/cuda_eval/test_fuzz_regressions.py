@@ -34,8 +34,8 @@ def check_against_reference(model: onnx.ModelProto, feed: dict[str, np.ndarray])
     assert diff is None, diff
 
 
-def test_scan_of_a_scalar_is_our_error() -> None:
-    # fuzz seed 0 case 701: the scan input swapped with the state, a scalar: IndexError
+def _scan(xs_shape: list[int]) -> onnx.ModelProto:
+    """A running sum over axis 0 of `xs` (state s0 [3])."""
     body = helper.make_graph(
         [helper.make_node("Add", ["s", "x"], ["s2"]), helper.make_node("Identity", ["s2"], ["y"])],
         "body",
@@ -43,19 +43,38 @@ def test_scan_of_a_scalar_is_our_error() -> None:
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in ("s2", "y")],
     )
     node = helper.make_node("Scan", ["s0", "xs"], ["s_out", "ys"], body=body, num_scan_inputs=1)
-    model = _model(
+    return _model(
         [node],
         [
-            helper.make_tensor_value_info("s0", TensorProto.FLOAT, [3]),
-            helper.make_tensor_value_info("xs", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("s0", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("xs", TensorProto.FLOAT, xs_shape),
         ],
         [
             helper.make_tensor_value_info("s_out", TensorProto.FLOAT, None),
             helper.make_tensor_value_info("ys", TensorProto.FLOAT, None),
         ],
     )
+
+
+def test_scan_of_a_scalar_is_our_error() -> None:
+    # fuzz seed 0 case 701: the scan input swapped with the state, a scalar: IndexError
     with pytest.raises(UnsupportedOnnxError, match="scan input 0 is a scalar"):
+        load_onnx(_scan([]))
+
+
+@pytest.mark.parametrize("axes", [[], [0, -1]])
+def test_scan_with_axes_not_one_per_scan_input_is_our_error(axes: list[int]) -> None:
+    # fuzz seed 123 cases 573, 765, 1169 (scan_rnn fixture): ValueError from a strict zip
+    with pytest.raises(UnsupportedOnnxError, match="scan axes/directions do not match"):
+        model = _scan([4])
+        model.graph.node[0].attribute.append(
+            helper.make_attribute("scan_input_axes", axes, attr_type=onnx.AttributeProto.INTS)
+        )
         load_onnx(model)
+
+
+def test_scan_runs_on_the_product() -> None:
+    check_against_reference(_scan([4]), {"s0": np.float32(1), "xs": np.arange(4, dtype=np.float32)})
 
 
 @pytest.mark.parametrize("src", [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE])

@@ -376,20 +376,18 @@ def scan(ctx: NodeContext) -> list[Result]:
     for j, x in enumerate(xs):
         if g[x].rank == 0:  # ctx.axis takes axis 0 of a scalar (as Concat and Gather may)
             ctx.unsupported(f"scan input {j} is a scalar: it has no axis to scan")
-    in_axes = [
-        ctx.axis(a, g[x].rank)
-        for a, x in zip(ctx.attr_ints("scan_input_axes", [0] * n_in) or [], xs, strict=True)
-    ]
+    in_axes_raw = ctx.attr_ints("scan_input_axes", [0] * n_in) or []
     in_rev = [bool(d) for d in ctx.attr_ints("scan_input_directions", [0] * n_in) or []]
     out_axes_raw = ctx.attr_ints("scan_output_axes", [0] * n_out) or []
     out_rev = [bool(d) for d in ctx.attr_ints("scan_output_directions", [0] * n_out) or []]
     if (
-        len(in_axes) != n_in
+        len(in_axes_raw) != n_in
         or len(in_rev) != n_in
         or len(out_axes_raw) != n_out
         or len(out_rev) != n_out
     ):
         ctx.unsupported("scan axes/directions do not match the scan inputs and outputs")
+    in_axes = [ctx.axis(a, g[x].rank) for a, x in zip(in_axes_raw, xs, strict=True)]
     if not xs:
         ctx.unsupported("a Scan without scan inputs")
     length = g[xs[0]].shape[in_axes[0]]
