@@ -800,12 +800,19 @@ class Graph(NNBuilders):
                 f"or {k_out} filters not divisible by the groups"
             )
         out = [xi.shape[0], k_out]
+        stride, dilation = list(stride), list(dilation)
         for i in range(nd):
             k = wi.shape[2 + i].as_int("conv: kernel size")
             if k < 1:
                 raise GraphError(f"conv: filter {wi.shape} has an empty kernel axis")
+            if k == 1:
+                dilation[i] = 1  # no effect on a kernel of one tap
             c = 2 * padding[i] - dilation[i] * (k - 1) - 1 + stride[i]
             o = (xi.shape[2 + i] + c) // stride[i]
+            span = xi.shape[2 + i] + 2 * padding[i] - dilation[i] * (k - 1)
+            if o == Size(1) and span.is_fixed:
+                # one window: a stride past the span has no effect (backends refuse huge ones)
+                stride[i] = min(stride[i], max(span.as_int(), 1))
             if o.bounds()[1] <= 0:
                 raise GraphError(f"conv: kernel {wi.shape} larger than padded input {xi.shape}")
             if not o.is_fixed:
@@ -817,7 +824,7 @@ class Graph(NNBuilders):
                     f"the kernel ({k}, dilation {dilation[i]})",
                 )
             out.append(o)
-        details = ConvDetails(stride, padding, dilation, groups)
+        details = ConvDetails(tuple(stride), padding, tuple(dilation), groups)
         return self._push(Shape.from_seq(out), xi.dtype, Conv(x, w, details))
 
     def matmul(self, a: Value, b: Value) -> Value:

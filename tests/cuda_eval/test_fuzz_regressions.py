@@ -181,3 +181,17 @@ def test_split_to_sequence_with_a_2d_split_is_our_error() -> None:
     )
     with pytest.raises(UnsupportedOnnxError, match="split must be a scalar or 1-D"):
         Device.cpu(1).prepare(load_onnx(model)).eval({"x": np.zeros((4, 3), np.float32)})
+
+
+def test_a_conv_whose_one_window_has_a_huge_stride_or_dilation_runs_on_the_product() -> None:
+    # fuzz seed 77 case 506 (mobilenetv2_dynamo, --threads 2): strides [1, 2^40] on a 1x1
+    # conv: one output column, but oneDNN refused the stride (OnednnError, invalid_arguments)
+    w = numpy_helper.from_array(np.ones((2, 3, 1, 3), np.float32), "w")
+    model = _model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], strides=[1, 2**40], dilations=[2**40, 1])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 1])],
+    )
+    model.graph.initializer.append(w)
+    x = np.random.default_rng(0).standard_normal((1, 3, 4, 5)).astype(np.float32)
+    check_against_reference(model, {"x": x})
