@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 __all__ = ["NNBuilders"]
 
+MAX_PAD_INDEX = 1 << 24
+"""The longest padded axis an edge, reflect or wrap pad builds (a constant gather index of that
+many int64 entries, made when the graph is built)."""
+
 
 def _pool_geometry(
     shape: Shape,
@@ -210,6 +214,11 @@ class NNBuilders:
                 if mode == "reflect" and (before >= size or after >= size):
                     raise GraphError(
                         f"pad (reflect): padding {before, after} must be < size {size}"
+                    )
+                if before + size + after > MAX_PAD_INDEX:
+                    raise GraphError(
+                        f"pad ({mode}): axis {axis} of {size} padded by {before, after} is too "
+                        f"long for its gather index (at most {MAX_PAD_INDEX} elements)"
                     )
                 if mode == "edge":
                     idx_b = np.zeros(before, np.int64)

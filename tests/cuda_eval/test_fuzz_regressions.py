@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from kn_graph.errors import OnnxImportError, UnsupportedOnnxError
+from kn_graph.errors import KnError, OnnxImportError, UnsupportedOnnxError
 from kn_graph.onnx import load_onnx
 from kn_runtime import Device
 from tests.cuda_eval.helpers import check_plan
@@ -195,3 +195,38 @@ def test_a_conv_whose_one_window_has_a_huge_stride_or_dilation_runs_on_the_produ
     model.graph.initializer.append(w)
     x = np.random.default_rng(0).standard_normal((1, 3, 4, 5)).astype(np.float32)
     check_against_reference(model, {"x": x})
+
+
+@pytest.mark.parametrize("mode", ["edge", "wrap"])
+def test_a_huge_edge_or_wrap_pad_is_our_error(mode: str) -> None:
+    # ONNX backend test_edge_pad fed edge values: pads of INT64_MAX built a gather index of
+    # that length with np.full (ValueError: array is too big)
+    model = _model(
+        [helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("pads", TensorProto.INT64, [4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    feed = {"x": np.ones((2, 3), np.float32), "pads": np.array([0, 0, 0, 2**63 - 1])}
+    for device in (Device.cpu(reference=True), Device.cpu(1)):
+        with pytest.raises(KnError, match="too long for its gather index"):
+            device.prepare(load_onnx(model)).eval(feed)
+
+
+def test_a_huge_affine_grid_is_our_error() -> None:
+    # ONNX backend test_affine_grid_2d fed edge values: size [2, 3, 5, INT64_MAX] built the base
+    # coordinates with np.ones (ValueError: array is too big)
+    model = _model(
+        [helper.make_node("AffineGrid", ["theta", "size"], ["grid"])],
+        [
+            helper.make_tensor_value_info("theta", TensorProto.FLOAT, [2, 2, 3]),
+            helper.make_tensor_value_info("size", TensorProto.INT64, [4]),
+        ],
+        [helper.make_tensor_value_info("grid", TensorProto.FLOAT, None)],
+        opset=20,
+    )
+    feed = {"theta": np.ones((2, 2, 3), np.float32), "size": np.array([2, 3, 5, 2**63 - 1])}
+    with pytest.raises(UnsupportedOnnxError, match="too large to build"):
+        Device.cpu(1).prepare(load_onnx(model)).eval(feed)

@@ -22,6 +22,9 @@ from kn_graph.shape import Shape, Size
 
 __all__ = ["affine_grid", "grid_sample"]
 
+MAX_GRID = 1 << 24
+"""The most points an AffineGrid builds (its base coordinates are a load-time constant)."""
+
 _MODES = {
     "bilinear": "linear",
     "bicubic": "cubic",
@@ -65,6 +68,8 @@ def affine_grid(ctx: NodeContext) -> Result:
     if not g.dtype(theta).is_float:
         ctx.unsupported(f"expected a float theta, found {g.dtype(theta)}")
     spatial = size[2:]
+    if math.prod(spatial) > MAX_GRID:
+        ctx.unsupported(f"a grid of {spatial} points is too large to build (at most {MAX_GRID})")
     axes = [_base_coords(n, align) for n in spatial]
     mesh = np.meshgrid(*axes, indexing="ij")
     homo = np.stack([*reversed(mesh), np.ones(spatial)], axis=-1).reshape(
