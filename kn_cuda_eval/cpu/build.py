@@ -4,8 +4,13 @@ the flags and the CPU's feature flags (`-march=native` code is only valid on the
 was built for), loaded with ctypes.
 
 `compiler()` is `$CC`, else `cc`, `gcc` or `clang` — None when there is none (the executor then
-runs those steps with NumPy). OpenMP (`-fopenmp`) and `_Float16` are probed once; without them
-the library runs single-threaded, or with software f16 conversions.
+runs those steps with NumPy). OpenMP (`-fopenmp`) and `_Float16` are probed once; without
+`_Float16` the kernels convert f16 in software.
+
+`pool()` is the process's thread pool for the parallel loops of those libraries (`pool.c`,
+compiled without OpenMP), and every library `load_library` loads is bound to it; `pause_ns()`
+times the CPU's spin-wait instruction once, so that spins are bounded in time, not in a count
+tuned on one CPU (the pool's, and libgomp's `GOMP_SPINCOUNT`, set by the executor).
 """
 
 from __future__ import annotations
@@ -20,13 +25,25 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from kn_cuda_eval.kernels.compile import cache_dir, numbered
 from kn_graph.errors import KernelCompileError
 
-__all__ = ["BASE_FLAGS", "compiler", "flags", "load_library", "prelude"]
+__all__ = [
+    "ASSUMED_PAUSE_NS",
+    "BASE_FLAGS",
+    "GOMP_SPIN_NS",
+    "POOL_SPIN_NS",
+    "Pool",
+    "compiler",
+    "flags",
+    "load_library",
+    "pool",
+    "prelude",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +133,22 @@ _loaded: dict[str, ctypes.CDLL] = {}
 
 def load_library(sources: Sequence[str]) -> ctypes.CDLL:
     """Compile the translation units `sources` (in parallel, one compiler per core) and link
-    them into one shared library, or find it in the cache; load it. KernelCompileError with the
+    them into one shared library, or find it in the cache; load it, and bind it to the thread
+    pool when it has `kn_bind_pool` (`csource.library_sources`). KernelCompileError with the
     log and the numbered source when the compiler rejects one."""
+    lib = _load(sources, flags())
+    bind = getattr(lib, "kn_bind_pool", None)
+    tp = pool() if bind is not None else None
+    if bind is not None and tp is not None:
+        bind.restype, bind.argtypes = None, [ctypes.c_void_p] * 4
+        bind(*tp.entry_points)
+    return lib
+
+
+def _load(sources: Sequence[str], fl: Sequence[str]) -> ctypes.CDLL:
     cc = compiler()
     if cc is None:
         raise KernelCompileError("no C compiler (set $CC or install gcc)")
-    fl = flags()
     h = hashlib.sha256("\x00".join(sources).encode())
     h.update(f"|{_identity()}|{fl}".encode())
     key = h.hexdigest()
@@ -145,7 +172,7 @@ def load_library(sources: Sequence[str]) -> ctypes.CDLL:
             ) as ex:
                 list(ex.map(one, range(len(sources))))
             tmp = Path(d) / "plan.so"
-            _run(cc, [*fl, *map(str, objs), "-o", str(tmp), "-lm"], "", fl)
+            _run(cc, [*fl, *map(str, objs), "-o", str(tmp), "-lm", "-lpthread"], "", fl)
             os.replace(tmp, path)
     lib = ctypes.CDLL(str(path))
     _loaded[key] = lib
@@ -159,3 +186,77 @@ def _run(cc: str, args: list[str], source: str, fl: Sequence[str]) -> None:
             f"{cc} failed to compile the host steps ({' '.join(fl)}):\n--- log ---\n"
             f"{r.stderr[-20000:]}\n--- source ---\n{numbered(source)}"
         )
+
+
+GOMP_SPIN_NS = 0
+"""How long libgomp's threads (oneDNN's team) spin after a region before they sleep; the
+executor sets `GOMP_SPINCOUNT` to the pauses that take this long on this CPU (`Pool.spins`).
+None: measured on the stand-ins beside the pool (2 threads, a shared 2-core EPYC, load 2-9),
+every microsecond of it costs: the ResNet-18 stand-in 0.9-1.0 ms at 0, 1.0-1.2 at 5 µs, 1.3
+at 8 µs, 2.3-2.5 at 30 µs, 6.4 at 130 µs (MobileNetV2 1.5-1.7 / 2.0-2.2 / - / 4.6 / -; BERT
+0.8-0.9 / 0.8-0.9 / 1.0 / 1.5 / 4.0). On a loaded machine the worker a spinning thread waits
+for is queued on the spinner's own core, so the spin is on the critical path of every region;
+the C steps no longer need the team (the pool spins for them), and oneDNN's regions are long
+enough in real-size models that a futex wake-up (~20 µs here) is a few percent. On an idle
+machine a 20000-pause spin halves a 17 µs region (`GOMP_SPINCOUNT` overrides this)."""
+
+ASSUMED_PAUSE_NS = 30.0
+"""The pause latency `GOMP_SPIN_NS` is converted with where it cannot be timed (no compiler):
+25-50 ns on recent x86 cores, a few ns on older Intel ones."""
+
+POOL_SPIN_NS = 50_000
+"""How long the pool's threads spin waiting before they sleep (the workers between jobs, the
+caller for chunks still running), yielding the core every 64 pauses: long enough to bridge
+the gap between one C step and the next, and the workers sleep at once when a oneDNN step
+comes (parked). Under load it made no measurable difference (0 or 50 µs: within the noise of
+the stand-ins), where the workers' lateness costs nothing: the caller takes the chunks."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The loaded pool library (`pool.c`), with the CPU's pause latency it measured."""
+
+    lib: ctypes.CDLL
+    pause_ns: float
+
+    @property
+    def entry_points(self) -> tuple[int, int, int, int]:
+        """Addresses of kn_pool_run, kn_pool_next, kn_pool_park and kn_pool_threads."""
+        names = ("kn_pool_run", "kn_pool_next", "kn_pool_park", "kn_pool_threads")
+        return tuple(  # type: ignore[return-value]
+            ctypes.cast(getattr(self.lib, n), ctypes.c_void_p).value for n in names
+        )
+
+    def workers(self) -> int:
+        """Worker threads started so far (the calling threads of jobs come on top)."""
+        return int(self.lib.kn_pool_workers())
+
+    def spins(self, ns: float) -> int:
+        """Pause instructions that take about `ns` nanoseconds on this CPU."""
+        return max(0, round(ns / self.pause_ns))
+
+
+@functools.cache
+def pool() -> Pool | None:
+    """The process's thread pool, compiled once (cached like the kernels) without OpenMP, so
+    that loading it does not load libgomp; None without a compiler, off Linux (no futex: the
+    steps then run on the calling thread), or when it does not build (logged)."""
+    if compiler() is None:
+        return None
+    src = resources.files("kn_cuda_eval.cpu").joinpath("pool.c").read_text()
+    fl = [f for f in flags() if f != "-fopenmp"] + ["-pthread"]
+    try:
+        lib = _load(["#define KN_POOL_SOURCE\n" + prelude() + "\n" + src], fl)
+    except KernelCompileError as e:
+        log.warning("the host thread pool does not build: C steps run on one thread (%s)", e)
+        return None
+    lib.kn_pool_pause_ns.restype = ctypes.c_double
+    lib.kn_pool_usable.restype = ctypes.c_int
+    lib.kn_pool_workers.restype = ctypes.c_int
+    lib.kn_pool_set_spin.argtypes = [ctypes.c_longlong]
+    if not lib.kn_pool_usable():
+        log.info("no futex on this system: C steps run on one thread")
+        return None
+    p = Pool(lib, max(0.1, float(lib.kn_pool_pause_ns())))
+    lib.kn_pool_set_spin(p.spins(POOL_SPIN_NS))
+    return p

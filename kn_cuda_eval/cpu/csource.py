@@ -7,8 +7,10 @@ Every kernel has the signature `int name(char* base, const long long* p, const d
 strides and byte offsets come in `p`, scales and epsilons in `f`, so one compiled function serves
 every step of the same structure (program, dtypes, rank, innermost stride class). It returns 0, or
 1 when a gather index is out of range (nothing written). Loops: the innermost axis is a plain
-counted loop over restrict pointers (vectorizable), the outer axes are split over OpenMP threads
-when the step is big enough (`PAR_WORK` units of work).
+counted loop over restrict pointers (vectorizable), the outer axes are split into chunks that the
+process's thread pool (`pool.c`) hands out dynamically when the step is big enough (`PAR_WORK`
+units of work): the parallel part of a kernel is a region function of its own (`_parallel`),
+which the calling thread runs too, taking chunks until none is left.
 
 >>> from kn_cuda_eval.program import Bin, Load, Program
 >>> from kn_cuda_eval.view import StridedView
@@ -86,6 +88,7 @@ class _Args:
         self.decls: list[str] = []
         self.ints: list[int] = []
         self.floats: list[float] = []
+        self.regions: list[CodeWriter] = []  # parallel region functions (`_parallel`)
 
     def int_(self, name: str, value: int) -> str:
         self.decls.append(f"const long long {name} = p[{len(self.ints)}];")
@@ -139,73 +142,109 @@ def _weight(prog: Program) -> int:
     return 1 + prog.cost + 8 * heavy
 
 
+def _parallel(
+    w: CodeWriter,
+    a: _Args,
+    shared: Sequence[str],
+    units: str,
+    work: str,
+    region: Callable[[CodeWriter], None],
+) -> None:
+    """A parallel loop over `units` units of work: `region` (writing at the level of a function
+    body) becomes a function of its own, `KN_REGION<i>` until `_kernel` names it, that loops
+    `while (kn_next(kn_t, &lo, &hi))` over the chunks [lo, hi) it is given; the kernel calls
+    `kn_parallel`, which runs it on the pool's threads when `work` passes `PAR_WORK`, else once
+    over every unit. `shared`: declarations both need, written in both."""
+    r = CodeWriter(1)
+    for line in shared:
+        r.line(line)
+    region(r)
+    w.line(f"kn_parallel(KN_REGION{len(a.regions)}, base, p, f, {units}, {work});")
+    a.regions.append(r)
+
+
 def _nest(
     w: CodeWriter,
+    args: _Args,
     dims: Sequence[str],
     operands: Sequence[tuple[str, Sequence[Term]]],
     body: Callable[[CodeWriter, list[str]], None],
     weight: int,
     prologue: Callable[[CodeWriter], None] | None = None,
 ) -> None:
-    """Loops over `dims` (the last one innermost): each thread takes a contiguous share of
-    (outer coordinates, inner chunk) units and walks them like an odometer; `body` gets each
-    operand's element offset inside the inner loop. `prologue` runs once per thread before
-    (`kn_inner` is the inner size)."""
+    """Loops over `dims` (the last one innermost): the units are (outer coordinates, inner
+    chunk) pairs, and each chunk of them a thread is given it walks like an odometer; `body`
+    gets each operand's element offset inside the inner loop. `prologue` runs once per thread
+    before (`kn_inner` is the inner size)."""
     r = len(dims)
     if r == 0:
         body(w, [_sum(b, []) for b, _ in operands])
         return
     outer, inner = dims[:-1], dims[-1]
     rows = " * ".join(outer) if outer else "1"
-    with w.block(""):
-        w.line(f"const long long kn_rows = {rows}, kn_inner = {inner};")
-        w.line(
-            "const long long kn_split = (kn_rows >= 64 || kn_inner < 8192) ? 1 : kn_inner / 4096;"
-        )
-        w.line("const long long kn_chunk = (kn_inner + kn_split - 1) / kn_split;")
-        with w.block("if (kn_rows > 0 && kn_inner > 0)"):
-            w.line(f"#pragma omp parallel if (kn_rows * kn_inner * {weight} > {PAR_WORK})")
-            with w.block(""):
-                if prologue is not None:
-                    prologue(w)
-                w.line("long long lo, hi;")
-                w.line("kn_share(kn_rows * kn_split, &lo, &hi);")
-                w.line("long long sp = lo % kn_split, rem = lo / kn_split;")
+    shared = [
+        f"const long long kn_rows = {rows}, kn_inner = {inner};",
+        "const long long kn_split = (kn_rows >= 64 || kn_inner < 8192) ? 1 : kn_inner / 4096;",
+        "const long long kn_chunk = (kn_inner + kn_split - 1) / kn_split;",
+    ]
+
+    def region(w: CodeWriter) -> None:
+        if prologue is not None:
+            prologue(w)
+        w.line("long long lo, hi;")
+        with w.block("while (kn_next(kn_t, &lo, &hi))"):
+            w.line("long long sp = lo % kn_split, rem = lo / kn_split;")
+            for a in range(len(outer) - 1, -1, -1):
+                w.line(f"long long c{a} = rem % {outer[a]}; rem /= {outer[a]};")
+            with w.block("for (long long u = lo; u < hi; ++u)"):
+                w.line("const long long j0 = sp * kn_chunk;")
+                w.line("const long long j1 = j0 + kn_chunk < kn_inner ? j0 + kn_chunk : kn_inner;")
+                offs = []
+                for k, (base, terms) in enumerate(operands):
+                    outer_terms = [t(f"c{a}") for a, t in enumerate(terms[:-1])]
+                    w.line(f"const long long o{k} = {_sum(base, outer_terms)};")
+                    offs.append(_sum(f"o{k}", [terms[-1]("j")]))
+                with w.block("for (long long j = j0; j < j1; ++j)"):
+                    body(w, offs)
+                w.line("if (++sp < kn_split) continue;")
+                w.line("sp = 0;")
                 for a in range(len(outer) - 1, -1, -1):
-                    w.line(f"long long c{a} = rem % {outer[a]}; rem /= {outer[a]};")
-                with w.block("for (long long u = lo; u < hi; ++u)"):
-                    w.line("const long long j0 = sp * kn_chunk;")
-                    w.line(
-                        "const long long j1 = j0 + kn_chunk < kn_inner ? j0 + kn_chunk : kn_inner;"
-                    )
-                    offs = []
-                    for k, (base, terms) in enumerate(operands):
-                        outer_terms = [t(f"c{a}") for a, t in enumerate(terms[:-1])]
-                        w.line(f"const long long o{k} = {_sum(base, outer_terms)};")
-                        offs.append(_sum(f"o{k}", [terms[-1]("j")]))
-                    with w.block("for (long long j = j0; j < j1; ++j)"):
-                        body(w, offs)
-                    w.line("if (++sp < kn_split) continue;")
-                    w.line("sp = 0;")
-                    for a in range(len(outer) - 1, -1, -1):
-                        w.line(f"if (++c{a} < {outer[a]}) continue;")
-                        w.line(f"c{a} = 0;")
+                    w.line(f"if (++c{a} < {outer[a]}) continue;")
+                    w.line(f"c{a} = 0;")
+
+    with w.block(""):
+        for line in shared:
+            w.line(line)
+        with w.block("if (kn_rows > 0 && kn_inner > 0)"):
+            _parallel(
+                w, args, shared, "kn_rows * kn_split", f"kn_rows * kn_inner * {weight}", region
+            )
 
 
 _CUDA_BITCAST = re.compile(r"kn_bitcast<([^,<>]+), ([^,<>]+)>\(")
+_REGION = re.compile(r"\bKN_REGION(\d+)\b")
 
 
 def _kernel(
     kind: str, a: _Args, body: CodeWriter
 ) -> tuple[CKernel, tuple[int, ...], tuple[float, ...]]:
-    text = "\n".join("    " + d for d in a.decls) + "\n" + str(body)
+    decls = "\n".join("    " + d for d in a.decls) + "\n"
+    text = decls + str(body)
+    regions = "".join(
+        f"static void KN_REGION{i}(kn_task* restrict kn_t, char* restrict base, "
+        "const long long* restrict p, const double* restrict f) {\n"
+        f"    (void)base; (void)p; (void)f;\n{decls}{r}\n}}\n"
+        for i, r in enumerate(a.regions)
+    )
     # the table spells a bit cast as the CUDA prelude's template; C has the prelude's macro
     text = _CUDA_BITCAST.sub(r"KN_BITCAST(\1, \2, ", text)
-    name = f"kn_{kind}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-    src = (
+    regions = _CUDA_BITCAST.sub(r"KN_BITCAST(\1, \2, ", regions)
+    name = f"kn_{kind}_{hashlib.sha256((regions + text).encode()).hexdigest()[:16]}"
+    src = regions + (
         f"KN_KERNEL int {name}(char* restrict base, const long long* restrict p, "
         f"const double* restrict f) {{\n    (void)base; (void)p; (void)f;\n{text}\n    return 0;\n}}\n"
     )
+    src = _REGION.sub(lambda m: f"{name}_r{m.group(1)}", src)
     return CKernel(name, src), tuple(a.ints), tuple(a.floats)
 
 
@@ -346,7 +385,7 @@ def _elementwise(s: st.Elementwise) -> CCall:
         for k, (v, root) in enumerate(zip(s.outputs, prog.roots, strict=True)):
             w.line(f"{outs[k]}[{offs[k]}] = {exprs.store(v.dtype, names[root])};")
 
-    _nest(w, dims, operands, body, _weight(prog), prologue)
+    _nest(w, a, dims, operands, body, _weight(prog), prologue)
     return _call("ew", a, w)
 
 
@@ -389,7 +428,7 @@ def _gather(s: st.Gather) -> CCall:
     def body(w: CodeWriter, offs: list[str]) -> None:
         w.line(f"{out}[{offs[0]}] = {x}[{offs[1]}];")
 
-    _nest(w, dims, [("", _stride_terms(so)), ("", xterms)], body, 1)
+    _nest(w, a, dims, [("", _stride_terms(so)), ("", xterms)], body, 1)
     return _call("gather", a, w)
 
 
@@ -414,7 +453,7 @@ class _Rows:
         self.out = a.ptr("out", out, const=False)
         self.so = a.strides("so", out.strides)
         self.acc = _acc_type(x.dtype)
-        self.w = CodeWriter(2)
+        self.w = CodeWriter(3)
 
     def open(self) -> None:
         """Row bases: `bi{k}`, `bx{k}`, `bo` (the caller opens the parallel loop)."""
@@ -486,14 +525,20 @@ class _Rows:
     def finish(self, kind: str, weight: int) -> CCall:
         rows = " * ".join(self.odims) if self.odims else "1"
         ncols = " * ".join(self.rdims) if self.rdims else "1"
+        shared = [f"const long long rows = {rows}, ncols = {ncols};", "(void)ncols;"]
         top = CodeWriter(1)
-        top.line(f"const long long rows = {rows}, ncols = {ncols};")
-        top.line("(void)ncols;")
-        top.line(
-            f"#pragma omp parallel for schedule(static) if (rows * ncols * {weight} > {PAR_WORK})"
-        )
-        with top.block("for (long long row = 0; row < rows; ++row)"):
-            top.lines.extend(self.w.lines)
+        for line in shared:
+            top.line(line)
+
+        def region(w: CodeWriter) -> None:
+            w.line("long long lo, hi;")
+            with (
+                w.block("while (kn_next(kn_t, &lo, &hi))"),
+                w.block("for (long long row = lo; row < hi; ++row)"),
+            ):
+                w.lines.extend(self.w.lines)
+
+        _parallel(top, self.a, shared, "rows", f"rows * ncols * {weight}", region)
         return _call(kind, self.a, top)
 
 
@@ -600,14 +645,20 @@ def _reduce_columns(s: st.Reduce, acc: str) -> CCall:
     cols = odims[-1]
     rows = " * ".join(odims[:-1]) or "1"
     ncols = " * ".join(rdims)
-    w.line(f"const long long rows = {rows}, ncols = {ncols};")
-    w.line(f"const long long nb = ({cols} + {COLUMNS - 1}) / {COLUMNS};")
+    shared = [
+        f"const long long rows = {rows}, ncols = {ncols};",
+        f"const long long nb = ({cols} + {COLUMNS - 1}) / {COLUMNS};",
+    ]
+    for line in shared:
+        w.line(line)
     weight = 1 + _weight(x.program)
-    w.line(f"#pragma omp parallel if (rows * {cols} * ncols * {weight} > {PAR_WORK})")
-    with w.block(""):
+
+    def region(w: CodeWriter) -> None:
         w.line("long long lo, hi;")
-        w.line("kn_share(rows * nb, &lo, &hi);")
-        with w.block("for (long long u = lo; u < hi; ++u)"):
+        with (
+            w.block("while (kn_next(kn_t, &lo, &hi))"),
+            w.block("for (long long u = lo; u < hi; ++u)"),
+        ):
             w.line(f"const long long j0 = (u % nb) * {COLUMNS};")
             w.line(f"const long long jn = {cols} - j0 < {COLUMNS} ? {cols} - j0 : {COLUMNS};")
             w.line("long long rem = u / nb;")
@@ -674,6 +725,8 @@ def _reduce_columns(s: st.Reduce, acc: str) -> CCall:
                     val = "a[j]"
                 w.line(f"{dst} = {exprs.store(s.out.dtype, val)};")
             w.line("(void)nan;")
+
+    _parallel(w, a, shared, "rows * nb", f"rows * {cols} * ncols * {weight}", region)
     return _call("reduce_cols", a, w)
 
 
@@ -765,15 +818,18 @@ def _attention(s: st.Attention) -> CCall:
         return _sum("", [_term(c, t) for c, t in zip(coords, sts, strict=False)])
 
     w = CodeWriter(1)
-    w.line("const long long rows = batch * m;")
-    w.line(f"#pragma omp parallel if (rows * n * (d + dv) > {PAR_WORK})")
-    with w.block(""):
+    shared = ["const long long rows = batch * m;"]
+    w.line(shared[0])
+
+    def region(w: CodeWriter) -> None:
         w.line(f"{acc}* kt = ({acc}*)malloc(sizeof({acc}) * (size_t)((d + dv + 1) * n + 1));")
         w.line(f"{acc}* vt = kt + d * n;")
         w.line(f"{acc}* sc = vt + dv * n;")
         w.line("long long lo, hi, cur = -1;")
-        w.line("kn_share(rows, &lo, &hi);")
-        with w.block("for (long long row = lo; row < hi; ++row)"):
+        with (
+            w.block("while (kn_next(kn_t, &lo, &hi))"),
+            w.block("for (long long row = lo; row < hi; ++row)"),
+        ):
             w.line("const long long b = row / m, i = row % m, b1 = b / heads, b2 = b % heads;")
             with w.block("if (b != cur)"):
                 w.line("cur = b;")
@@ -827,6 +883,8 @@ def _attention(s: st.Attention) -> CCall:
                     f"{out}[{_sum('ob', [_term('c', so[3])])}] = {exprs.store(s.out.dtype, 'o / l')};"
                 )
         w.line("free(kt);")
+
+    _parallel(w, a, shared, "rows", "rows * n * (d + dv)", region)
     return _call("attention", a, w)
 
 
@@ -859,8 +917,10 @@ def library_sources(kernels: Sequence[CKernel], prelude: str, parts: int = 1) ->
     kernels split over `parts` units, then the main one with a table of them and the step loop
     `kn_run(base, n, kid, p, f)`: kernel `kid[k]` with arguments `p[k]`, `f[k]` for each step k
     in order (kid -1: a oneDNN primitive, see the C comment); returns 0, or k + 1 for the first
-    step that failed."""
+    step that failed. `kn_bind_pool` binds the library to the process's thread pool (`pool.c`,
+    `build.pool`); until it is bound every step runs on the calling thread."""
     head = [
+        f"#define KN_PAR_WORK {PAR_WORK}",
         prelude,
         "#include <stdlib.h>",
         '#define KN_KERNEL __attribute__((visibility("hidden")))',
@@ -884,11 +944,29 @@ static __thread int kn_status = 0;
 void kn_set_dnnl(void* execute) { kn_dnnl_execute = (kn_dnnl_fn)execute; }
 int kn_last_status(void) { return kn_status; }
 
+/* The thread pool's entry points (pool.c): kn_parallel runs regions through kn_run_pool; the
+   step loop parks the pool's spinning workers before a oneDNN primitive, whose OpenMP team
+   needs the cores. */
+__attribute__((visibility("hidden"))) void (*kn_run_pool)(
+    kn_body, char*, const long long*, const double*, long long, long long) = 0;
+__attribute__((visibility("hidden"))) int (*kn_next_chunk)(kn_task*, long long*, long long*) = 0;
+static void (*kn_park)(void) = 0;
+static void (*kn_pool_set_threads)(int) = 0;
+
+void kn_bind_pool(void* run, void* next, void* park, void* threads) {
+    kn_next_chunk = (int (*)(kn_task*, long long*, long long*))next;
+    kn_park = (void (*)(void))park;
+    kn_pool_set_threads = (void (*)(int))threads;
+    kn_run_pool = (void (*)(kn_body, char*, const long long*, const double*, long long,
+                            long long))run;
+}
+
 int kn_run(char* base, int n, const int* kid, const long long* const* p, const double* const* f) {
     kn_status = 0;
     for (int k = 0; k < n; ++k) {
         if (kid[k] < 0) {
             const long long* q = p[k];
+            if (kn_park) kn_park();
             int st = kn_dnnl_execute((const void*)q[0], (void*)q[1], (int)q[2], (const void*)q[3]);
             if (st) { kn_status = st; return k + 1; }
         } else if (kn_kernels[kid[k]](base, p[k], f[k])) {
@@ -902,11 +980,11 @@ int kn_one(char* base, int kid, const long long* p, const double* f) {
     return kn_kernels[kid](base, p, f);
 }
 
+/* Threads for the steps this calling thread runs: the pool's and OpenMP's (oneDNN's team). */
 void kn_set_threads(int n) {
+    if (kn_pool_set_threads) kn_pool_set_threads(n);
 #ifdef _OPENMP
     omp_set_num_threads(n);
-#else
-    (void)n;
 #endif
 }
 

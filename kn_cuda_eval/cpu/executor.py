@@ -26,10 +26,12 @@ executor see the same steps):
     HostExecutor(plan, threads=None).eval(inputs)          # one plan
     HostPreparedGraph(graph, batch_size=None).eval(inputs) # a plan per binding of the sizes
 
-Threads: one number (default: the cores this process may run on) for OpenMP (the C steps and
-oneDNN share the libgomp pool) and for OpenBLAS (threadpoolctl when installed, else OpenBLAS's
-own setter). OpenMP threads spin only briefly after a region (`GOMP_SPINCOUNT=20000`, unless
-set), so pools take turns instead of spinning beside each other.
+Threads: one number (default: the cores this process may run on) for the C steps, for OpenMP
+(oneDNN's team) and for OpenBLAS (threadpoolctl when installed, else OpenBLAS's own setter).
+The C steps' parallel loops run on the process's thread pool (`build.pool`: chunks claimed
+dynamically, the calling thread working too, so a worker that has not started is never waited
+for); oneDNN's team does not spin after a region (`GOMP_SPINCOUNT` from `build.GOMP_SPIN_NS`,
+unless set), so the pools take turns instead of spinning beside each other.
 """
 
 from __future__ import annotations
@@ -108,24 +110,28 @@ def _mapped(fragment: str) -> bool:
 
 @functools.cache
 def _passive_openmp() -> None:
-    """OpenMP threads spin briefly when a parallel region ends, then sleep
-    (`GOMP_SPINCOUNT=20000`, about 20-50 µs), unless the user chose a policy. libgomp's default
-    spins about 300k iterations, and a spinning worker takes the core from the thread that runs
-    the next step (Python, a NumPy call, another library's pool): measured on 2 busy cores,
-    GPT-2 (fixture) took 32 ms instead of 0.14 ms. Sleeping at once (`OMP_WAIT_POLICY=PASSIVE`)
-    makes every region pay a futex wake-up instead: the tiny ResNet-18 took 0.78 ms an
-    evaluation with 2 threads, against 0.34 ms with 20k spins (0.37 with 5k, 0.33 with 100k;
-    MobileNetV2 1.36 / 0.62 ms, BERT 0.25 / 0.14 ms, the tiny SD UNet 5.7 / 4.0 ms).
-    libgomp reads the variables when it loads, so this runs before the first library does."""
+    """libgomp's threads (oneDNN's team; the C steps have the pool) spin `build.GOMP_SPIN_NS`
+    after a region, then sleep: `GOMP_SPINCOUNT` is set to the pauses that take that long on
+    this CPU (timed once, `build.pool().pause_ns`), unless the user chose a policy. A count
+    tuned on one CPU is another time on the next: 20000, meant as 20-50 µs, is 0.5 ms on an AMD
+    EPYC (PAUSE ~25 ns). libgomp's default spins about 300k pauses (8 ms there), and a spinning
+    thread takes the core from the thread that runs the next step or, on a loaded machine, from
+    the team's own thread it waits for (queued on the spinner's core): on 2 busy cores GPT-2
+    (fixture) took 32 ms instead of 0.14 ms, the ResNet-18 stand-in 30-60 ms with 20000 pauses
+    against 1 ms with none. libgomp reads the variable when it loads, so this runs before the
+    first library that needs it does (`_onednn`); the pool library that times the CPU has no
+    OpenMP."""
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return
     if _mapped("libgomp"):
         log.info(
             "libgomp was loaded before the host executor: its wait policy stays the default "
-            "(set GOMP_SPINCOUNT=20000 before importing libraries that use OpenMP)"
+            "(set GOMP_SPINCOUNT=0 before importing libraries that use OpenMP)"
         )
         return
-    os.environ["GOMP_SPINCOUNT"] = "20000"
+    tp = build.pool()
+    pause_ns = tp.pause_ns if tp is not None else build.ASSUMED_PAUSE_NS
+    os.environ["GOMP_SPINCOUNT"] = str(round(build.GOMP_SPIN_NS / pause_ns))
 
 
 @functools.cache
@@ -199,7 +205,9 @@ def _blas_threads() -> Callable[[int], None]:
 
 
 def _onednn() -> Any:
-    """The oneDNN runner module, or None when it is missing or unusable."""
+    """The oneDNN runner module, or None when it is missing or unusable. Loading oneDNN loads
+    libgomp: its spin count is set first (`_passive_openmp`)."""
+    _passive_openmp()
     try:
         from kn_cuda_eval.cpu import onednn
     except ImportError:

@@ -198,14 +198,48 @@ static inline float kn_erff(float x) {
 #define erff kn_erff
 
 // -- work split -----------------------------------------------------------------------------------
-// [*lo, *hi): this thread's share of n work units inside a parallel region (all of it outside)
-static inline void kn_share(long long n, long long* lo, long long* hi) {
-#ifdef _OPENMP
-    const long long t = omp_get_num_threads(), k = omp_get_thread_num();
-    *lo = n * k / t;
-    *hi = n * (k + 1) / t;
-#else
-    *lo = 0;
-    *hi = n;
+// A parallel step is a region function run over n units of work: by the process's thread pool
+// (pool.c) in chunks claimed dynamically, on the calling thread and the pool's workers, or all on
+// the calling thread when the step is small. The region loops `while (kn_next(t, &lo, &hi))` over
+// the chunks it gets; every unit is computed by one thread, as it would be alone, so the results
+// do not depend on the split.
+typedef struct kn_task {
+    long long lo, hi;          // a chunk claimed and not yet handed out (none when lo == hi)
+    long long n, cs;           // the job: n units in chunks of cs
+    unsigned long long word;   // the job's epoch (pool.c)
+    unsigned int nchunks;
+    int pooled;                // 0: no chunks after [lo, hi) (the serial path)
+} kn_task;
+typedef void (*kn_body)(kn_task*, char*, const long long*, const double*);
+
+#ifndef KN_POOL_SOURCE
+#ifndef KN_PAR_WORK
+#define KN_PAR_WORK 65536
 #endif
+// the pool's entry points, set by kn_bind_pool (unset: every step runs on the calling thread)
+extern __attribute__((visibility("hidden"))) void (*kn_run_pool)(
+    kn_body, char*, const long long*, const double*, long long, long long);
+extern __attribute__((visibility("hidden"))) int (*kn_next_chunk)(kn_task*, long long*, long long*);
+
+static inline int kn_next(kn_task* t, long long* lo, long long* hi) {
+    if (t->lo < t->hi) {
+        *lo = t->lo;
+        *hi = t->hi;
+        t->lo = t->hi;
+        return 1;
+    }
+    return t->pooled && kn_next_chunk(t, lo, hi);
 }
+
+// `body` over n units; `work` (units times their weight) decides whether threads are worth it
+static inline void kn_parallel(kn_body body, char* base, const long long* p, const double* f,
+                               long long n, long long work) {
+    if (n <= 0) return;
+    if (n > 1 && work > KN_PAR_WORK && kn_run_pool) {
+        kn_run_pool(body, base, p, f, n, work);
+        return;
+    }
+    kn_task t = {.lo = 0, .hi = n, .n = n, .cs = n, .word = 0, .nchunks = 1, .pooled = 0};
+    body(&t, base, p, f);
+}
+#endif
