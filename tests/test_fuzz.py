@@ -10,8 +10,10 @@ import collections
 
 import numpy as np
 
+from kn_graph import DType, Graph
+from kn_graph.ops import ReduceOp, UnaryOp
 from tests.fuzz.__main__ import report
-from tests.fuzz.compare import difference, with_edge_values
+from tests.fuzz.compare import difference, localize, with_edge_values
 from tests.fuzz.runner import FAILURES, FIXTURES, Outcome, run_case, run_cases
 
 CASES = 400
@@ -51,6 +53,41 @@ def test_a_product_that_drops_an_output_or_raises_disagrees(monkeypatch, tmp_pat
     monkeypatch.setattr(HostDevicePreparedGraph, "eval", refuse)
     o = case(ran)
     assert o.kind == "disagree" and "raised PlanError: no where the reference ran" in o.detail
+
+
+def _perturbed(monkeypatch, dtype: type, factor: float) -> None:
+    """Device.cpu() returns its positive outputs of `dtype` scaled by `factor`."""
+    from kn_runtime.device import HostDevicePreparedGraph
+
+    real = HostDevicePreparedGraph.eval
+
+    def scaled(self: HostDevicePreparedGraph, inputs: object) -> list[np.ndarray]:
+        outs = real(self, inputs)  # type: ignore[arg-type]
+        return [o * factor if o.dtype == dtype and (o > 0).all() else o for o in outs]
+
+    monkeypatch.setattr(HostDevicePreparedGraph, "eval", scaled)
+
+
+def _exp_sum_as_f64() -> tuple[Graph, dict[str, np.ndarray]]:
+    """cast_f64(sum(exp(x))) on x < 0 (so only exp, its sum and the cast are positive)."""
+    g = Graph()
+    x = g.input([4], DType.F32, "x")
+    g.add_output(g.cast(g.reduce(g.unary(UnaryOp.EXP, x), [0], ReduceOp.SUM), DType.F64))
+    return g, {"x": -np.arange(1, 5, dtype=np.float32)}
+
+
+def test_localize_finds_the_first_differing_value(monkeypatch) -> None:
+    what, round_off = localize(*_exp_sum_as_f64())
+    assert "no value differs" in what and not round_off
+    _perturbed(monkeypatch, np.float32, 1.01)  # exp is off by 1%: a real disagreement
+    what, round_off = localize(*_exp_sum_as_f64())
+    assert "first differing value %1: f32[4] = exp(%0)" in what and not round_off
+
+
+def test_localize_calls_f32_round_off_seen_in_f64_round_off(monkeypatch) -> None:
+    _perturbed(monkeypatch, np.float64, 1 + 1e-7)  # the f32 sum's round-off, cast to f64
+    what, round_off = localize(*_exp_sum_as_f64())
+    assert "first differing value %3: f64[] = cast_f64(%2)" in what and round_off
 
 
 def test_difference_is_exact_for_integers_and_tolerant_for_floats() -> None:

@@ -33,10 +33,12 @@ def report(
     bad = [o for o in outcomes if o.kind in FAILURES]
     wrapped = [o for o in outcomes if o.kind == "KnError" and " <- " in o.detail]
     lenient = [o for o in outcomes if o.kind in ("lenient", "refused")]
+    round_off = [o for o in outcomes if o.kind == "round-off"]
     groups = (
         ("failures", bad),
         ("executor-wrapped NumPy errors", wrapped),
         ("product runs the reference refuses, or refused for memory", lenient),
+        ("round-off a discrete op or a wider cast made visible (not failures)", round_off),
     )
     for title, group in groups:
         if not group:

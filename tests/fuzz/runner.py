@@ -35,7 +35,7 @@ from kn_graph.onnx.context import onnx_dtype
 from kn_graph.shape import Shape, Size, infer_symbols
 from kn_runtime import Device
 from tests.fuzz.cases import Case, args_case, eval_misuse, file_case
-from tests.fuzz.compare import difference, with_edge_values
+from tests.fuzz.compare import difference, localize, with_edge_values
 from tests.fuzz.mutate import corrupt_bytes, mutate
 
 __all__ = [
@@ -85,7 +85,11 @@ class Outcome:
     - lenient: the reference raised one of our errors but the product returned outputs;
     - refused: the reference ran but the product refused the work for memory (its KnError);
     - disagree: the product's outputs differ from the reference's, or it raised a KnError
-      where the reference ran (`detail` says which output, the error and the values);
+      where the reference ran (`detail` says which output, the error and the values, and the
+      first value of the graph that differs: `compare.localize`);
+    - round-off: the outputs differ, but only because a discrete op (argmax, a comparison, a
+      float -> int cast, ...) or a cast to a wider float made round-off visible that is within
+      tolerance in its operands (`compare.localize`);
     - internal: an exception that is not a KnError (from either executor, `detail`: the
       traceback); hang: over the time limit; crash: the worker died.
     The kinds in FAILURES fail a run."""
@@ -328,11 +332,8 @@ def _evaluate(case: Case, loaded: Any) -> tuple[str, str]:
     feed = _feed(specs, feeds, rng, edges)
     if feed is None:
         return "skipped", ""
-    if isinstance(loaded, ValueSpecializedModel):
-        graph = loaded.specialize(feed)
-        if _too_big(graph, {n: feed[n] for n in graph.input_names}):
-            return "skipped", ""
-    elif _too_big(loaded, feed):
+    graph = loaded.specialize(feed) if isinstance(loaded, ValueSpecializedModel) else loaded
+    if _too_big(graph, feed):
         return "skipped", ""
     inputs: Any = feed
     case.kwargs["feed"] = feed
@@ -357,9 +358,14 @@ def _evaluate(case: Case, loaded: Any) -> tuple[str, str]:
             return "refused", f"{type(got_error).__name__} (memory)\n{what}"
         return "disagree", what
     diff = difference(got, want)
-    if diff is not None:
-        return "disagree", f"Device.cpu() against the reference: {diff}"
-    return "ran", ""
+    if diff is None:
+        return "ran", ""
+    try:
+        where, round_off = localize(graph, {n: feed[n] for n in graph.input_names}, THREADS)
+    except Exception as e:  # the outputs disagree either way: say so, and why this failed
+        where, round_off = f"(localizing the difference failed: {_one_line(e)})", False
+    detail = f"Device.cpu() against the reference: {diff}\n{where}"
+    return ("round-off" if round_off else "disagree"), detail
 
 
 def run_case(
