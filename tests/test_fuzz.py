@@ -13,7 +13,7 @@ import numpy as np
 from kn_graph import DType, Graph
 from kn_graph.ops import ReduceOp, UnaryOp
 from tests.fuzz.__main__ import report
-from tests.fuzz.compare import difference, localize, with_edge_values
+from tests.fuzz.compare import difference, graph_tolerance, localize, with_edge_values
 from tests.fuzz.runner import FAILURES, FIXTURES, Outcome, run_case, run_cases
 
 CASES = 400
@@ -84,10 +84,22 @@ def test_localize_finds_the_first_differing_value(monkeypatch) -> None:
     assert "first differing value %1: f32[4] = exp(%0)" in what and not round_off
 
 
-def test_localize_calls_f32_round_off_seen_in_f64_round_off(monkeypatch) -> None:
-    _perturbed(monkeypatch, np.float64, 1 + 1e-7)  # the f32 sum's round-off, cast to f64
-    what, round_off = localize(*_exp_sum_as_f64())
-    assert "first differing value %3: f64[] = cast_f64(%2)" in what and round_off
+def test_an_f64_output_of_f32_math_is_judged_at_f32_tolerance() -> None:
+    g, _ = _exp_sum_as_f64()
+    assert graph_tolerance(g) == 1e-4
+    want, got = np.array([0.5]), np.array([0.5 * (1 + 1e-7)])
+    assert "> 1e-09 (float64)" in str(difference([got], [want]))  # f64's own tolerance
+    assert difference([got], [want], graph_tolerance(g)) is None
+
+
+def test_a_value_recomputed_from_the_products_operands() -> None:
+    from tests.fuzz.compare import _recomputed
+
+    g, _ = _exp_sum_as_f64()
+    total = g.value(2)  # sum(exp(x))
+    again = _recomputed(g, total, {1: np.array([1.0, 2.0, 4.0, 8.0], np.float32)})
+    assert again is not None and again.dtype == np.float32 and float(again) == 15.0
+    assert _recomputed(g, g.value(0), {}) is None  # an input is not an op to redo
 
 
 def test_difference_is_exact_for_integers_and_tolerant_for_floats() -> None:

@@ -2,15 +2,18 @@
 oneDNN) against the reference executor's (`Device.cpu(reference=True)`), and the edge values
 (INT_MIN, -1, 0, max; NaN, ±Inf, ±0) mixed into some cases' inputs.
 
-`difference(got, want)` is None when they agree, else a short description of the first output
-that does not: same count, shapes and dtypes; integers and bools exactly; floats within the
-tolerance of the parity tests (`tests.cuda_eval.helpers.TOL`, relative to max(1, max |ref|)),
-NaN exactly where the reference has NaN and infinities equal.
+`difference(got, want, loosest)` is None when they agree, else a short description of the first
+output that does not: same count, shapes and dtypes; integers and bools exactly; floats within
+the tolerance of the parity tests (`tests.cuda_eval.helpers.TOL`, relative to max(1, max |ref|))
+of their dtype, or `loosest` when that is larger: `graph_tolerance`, the tolerance of the least
+precise float type the graph computes in (an f64 output of f32 math is as exact as f32); NaN
+exactly where the reference has NaN and infinities equal.
 
 `localize(graph, feed)` finds the first value of a disagreeing graph that differs, and whether
-that is round-off (within tolerance in its operands) that a discrete op (a comparison, argmax,
-floor, a float -> int cast, TopK ...) or a cast to a wider float made visible: the two executors
-may round differently, so an argmax of near-ties or an f32 value cast to f64 may differ."""
+that is round-off: its operands agree and the reference computes the product's value from the
+product's operands (a division by a near-zero, an argmax of near-ties: the op amplified the two
+executors' rounding), or a fused step differs before a discrete op (argmax, a comparison, a
+float -> int cast, TopK ...) that round-off can flip."""
 
 from __future__ import annotations
 
@@ -20,11 +23,26 @@ from typing import Any
 import numpy as np
 
 from kn_graph.graph import Graph
-from kn_graph.ops import Binary, BinaryOp, Dynamic, Reduce, Unary, UnaryOp, Value
+from kn_graph.ops import (
+    Binary,
+    BinaryOp,
+    Broadcast,
+    Constant,
+    Dynamic,
+    Input,
+    Iota,
+    Reduce,
+    Slice,
+    Unary,
+    UnaryOp,
+    Value,
+    View,
+)
+from kn_graph.optimizer.core import copy_op
 from kn_runtime import Device
 from tests.cuda_eval.helpers import TOL
 
-__all__ = ["difference", "localize", "with_edge_values"]
+__all__ = ["difference", "graph_tolerance", "localize", "with_edge_values"]
 
 
 def _show(a: np.ndarray) -> str:
@@ -36,7 +54,7 @@ def _first(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
 
 
-def _array_difference(got: np.ndarray, want: np.ndarray) -> str | None:
+def _array_difference(got: np.ndarray, want: np.ndarray, loosest: float = 0.0) -> str | None:
     if got.shape != want.shape:
         return f"shape {list(got.shape)} != reference {list(want.shape)}"
     if got.dtype != want.dtype:
@@ -69,7 +87,7 @@ def _array_difference(got: np.ndarray, want: np.ndarray) -> str | None:
     err = np.zeros(want.shape)
     err[fin] = np.abs(g64[fin] - w64[fin])  # got is finite there too (checked above)
     scale = max(1.0, float(np.max(np.abs(w64[fin]))))
-    tol = TOL["f"][want.dtype.itemsize]
+    tol = max(TOL["f"][want.dtype.itemsize], loosest)
     worst = float(np.max(err)) / scale
     if worst <= tol:
         return None
@@ -80,9 +98,16 @@ def _array_difference(got: np.ndarray, want: np.ndarray) -> str | None:
     )
 
 
-def difference(got: Any, want: Any) -> str | None:
+def graph_tolerance(graph: Graph) -> float:
+    """The float tolerance of the least precise float type among the graph's values (0: none)."""
+    sizes = {info.dtype.size for info in graph.value_infos() if info.dtype.is_float}
+    return max((TOL["f"][n] for n in sizes), default=0.0)
+
+
+def difference(got: Any, want: Any, loosest: float = 0.0) -> str | None:
     """None when the product's outputs `got` agree with the reference's `want` (lists of arrays;
-    a sequence output is itself a list), else what differs, with both values."""
+    a sequence output is itself a list), else what differs, with both values. Floats within
+    their dtype's tolerance or `loosest`, whichever is larger."""
     stack: list[tuple[str, Any, Any]] = [("outputs", got, want)]
     while stack:
         where, g, w = stack.pop()
@@ -96,7 +121,7 @@ def difference(got: Any, want: Any) -> str | None:
             continue
         if not isinstance(g, np.ndarray):
             return f"{where}: {type(g).__name__} where the reference has an array"
-        diff = _array_difference(g, np.asarray(w))
+        diff = _array_difference(g, np.asarray(w), loosest)
         if diff is not None:
             return f"{where}: {diff}\n  product:   {_show(g)}\n  reference: {_show(np.asarray(w))}"
     return None
@@ -106,15 +131,13 @@ _DISCRETE_UNARY = frozenset({UnaryOp.FLOOR, UnaryOp.CEIL, UnaryOp.ROUND, UnaryOp
 _SELECTIONS = frozenset({"nonzero", "topk", "nms", "unique"})
 
 
-def _amplifies_round_off(graph: Graph, v: Value, widening: bool = True) -> bool:
+def _discrete(graph: Graph, v: Value) -> bool:
     """Whether `v` is a discrete function of float operands (a comparison, a float mod,
     argmin/argmax, floor/ceil/round/sign, a float -> int or bool cast, a data-dependent
-    selection) or (`widening`) a cast to a wider float: round-off in its operands may show in
-    it whole (or beyond its own dtype's tolerance)."""
+    selection): round-off in its operands may flip it whole."""
     match graph[v].op:
         case Unary(x, UnaryOp.CAST):
-            src, dst = graph[x].dtype, graph[v].dtype
-            return src.is_float and (not dst.is_float or (widening and dst.size > src.size))
+            return graph[x].dtype.is_float and not graph[v].dtype.is_float
         case Unary(x, op):
             return graph[x].dtype.is_float and op in _DISCRETE_UNARY
         case Binary(a, _, op):
@@ -128,12 +151,30 @@ def _amplifies_round_off(graph: Graph, v: Value, widening: bool = True) -> bool:
     return False
 
 
+def _recomputed(graph: Graph, v: Value, operands: Mapping[int, np.ndarray]) -> np.ndarray | None:
+    """`v`'s op applied by the reference to the arrays `operands` (by value index), or None for
+    the ops that are not rebuilt alone (views, inputs, constants, data-dependent ops)."""
+    info = graph[v]
+    if isinstance(info.op, Input | Constant | View | Broadcast | Slice | Iota | Dynamic):
+        return None
+    g, feed, new = Graph(), {}, {}
+    for x in dict.fromkeys(info.op.inputs):
+        a = operands[x.index]
+        new[x.index] = g.input(list(a.shape), graph[x].dtype, f"x{x.index}")
+        feed[f"x{x.index}"] = a
+    g.add_output(copy_op(g, info, info.op.map_inputs(lambda x: new[x.index])))
+    return np.asarray(Device.cpu(reference=True).prepare(g).eval(feed)[0])
+
+
 def localize(graph: Graph, feed: Mapping[str, np.ndarray], threads: int = 1) -> tuple[str, bool]:
     """Make every value of `graph` an output (it is changed), evaluate it on both executors and
-    find the first value, in index order, that differs: (what differs there, whether it is
-    round-off: its operands agree and its op is one of `_amplifies_round_off`). A difference
-    that vanishes with every value an output was made inside a fused step (which may keep f16
-    intermediates in f32, or contract a*b + c): round-off too when the graph has such an op."""
+    find the first value, in index order, that differs (within `graph_tolerance`): (what
+    differs there, whether it is round-off). Round-off: the value's operands agree and the
+    reference computes the product's value from the product's operands, or (for a discrete
+    op) could flip on such differences. A difference that vanishes with every value an output
+    was made inside a fused step (which may keep f16 intermediates in f32, or contract a*b + c):
+    round-off when the graph has a discrete op it may have flipped."""
+    loosest = graph_tolerance(graph)
     for v in graph.values():
         if v not in graph.outputs:
             graph.add_output(v)
@@ -143,19 +184,22 @@ def localize(graph: Graph, feed: Mapping[str, np.ndarray], threads: int = 1) -> 
     for v, a, b in zip(graph.outputs, got, want, strict=True):
         pairs.setdefault(v.index, (np.asarray(a), np.asarray(b)))
     for index in sorted(pairs):
-        diff = _array_difference(*pairs[index])
+        diff = _array_difference(*pairs[index], loosest)
         if diff is None:
             continue
         v = graph.value(index)
-        agree = all(
-            _array_difference(*pairs[x.index]) is None
-            for x in graph[v].op.inputs
-            if x.index in pairs
-        )
         what = f"first differing value {graph.format_value(v)}: {diff}"
-        return what, agree and _amplifies_round_off(graph, v)
+        operands = [x for x in graph[v].op.inputs if x.index in pairs]
+        if any(_array_difference(*pairs[x.index], loosest) is not None for x in operands):
+            return what + " (an operand differs too)", False  # not reached in index order
+        if _discrete(graph, v):
+            return what + "; its operands agree: a discrete op flipped on round-off", True
+        again = _recomputed(graph, v, {x.index: pairs[x.index][0] for x in operands})
+        if again is not None and _array_difference(pairs[index][0], again, loosest) is None:
+            return what + "; its operands agree and give the product's value: round-off", True
+        return what + "; its operands agree: the product computes it differently", False
     what = "no value differs with every value an output: the difference is in a fused step"
-    discrete = [v for v in graph.values() if _amplifies_round_off(graph, v, widening=False)]
+    discrete = [v for v in graph.values() if _discrete(graph, v)]
     if discrete:  # e.g. an argmax over f16 sums a fused step keeps in f32 (the reference rounds)
         what += f", before {graph.format_value(discrete[0])}, which round-off may flip"
     return what, bool(discrete)

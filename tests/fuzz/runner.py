@@ -35,7 +35,7 @@ from kn_graph.onnx.context import onnx_dtype
 from kn_graph.shape import Shape, Size, infer_symbols
 from kn_runtime import Device
 from tests.fuzz.cases import Case, args_case, eval_misuse, file_case
-from tests.fuzz.compare import difference, localize, with_edge_values
+from tests.fuzz.compare import difference, graph_tolerance, localize, with_edge_values
 from tests.fuzz.mutate import corrupt_bytes, mutate
 
 __all__ = [
@@ -87,9 +87,10 @@ class Outcome:
     - disagree: the product's outputs differ from the reference's, or it raised a KnError
       where the reference ran (`detail` says which output, the error and the values, and the
       first value of the graph that differs: `compare.localize`);
-    - round-off: the outputs differ, but only because a discrete op (argmax, a comparison, a
-      float -> int cast, ...) or a cast to a wider float made round-off visible that is within
-      tolerance in its operands (`compare.localize`);
+    - round-off: the outputs differ, but only as the two executors' rounding amplified by an
+      op whose operands agree (a division by a near-zero, an argmax of near-ties, a float ->
+      int cast ...: `compare.localize`); floats are compared at the tolerance of the least
+      precise float type in the graph (`compare.graph_tolerance`);
     - internal: an exception that is not a KnError (from either executor, `detail`: the
       traceback); hang: over the time limit; crash: the worker died.
     The kinds in FAILURES fail a run."""
@@ -357,7 +358,7 @@ def _evaluate(case: Case, loaded: Any) -> tuple[str, str]:
         if _memory_refusal(got_error):
             return "refused", f"{type(got_error).__name__} (memory)\n{what}"
         return "disagree", what
-    diff = difference(got, want)
+    diff = difference(got, want, graph_tolerance(graph))
     if diff is None:
         return "ran", ""
     try:
