@@ -6,9 +6,12 @@
 // A job is n units of work in chunks of cs units. The caller publishes it, then claims chunks
 // itself like any worker; a chunk is claimed by one compare-and-swap on `claim` (epoch << 32 |
 // next chunk), so a worker that wakes late finds the chunks taken and is never waited for: the
-// caller waits only for chunks already claimed (`done`). Workers spin a calibrated short time
-// after a job, then sleep on a futex; they sleep at once when the step loop runs a oneDNN
-// primitive (kn_pool_park), whose OpenMP team needs the cores.
+// caller waits only for chunks already claimed (`done`). Workers spin a short calibrated time
+// after a job (the next C step of the step loop comes within microseconds), then sleep on a
+// futex; they sleep at once when the step loop runs a oneDNN primitive (kn_pool_park), whose
+// OpenMP team needs the cores. Spinning longer, or yielding the core while spinning, made the
+// workers miss most jobs on a loaded machine: the scheduler favours a thread that sleeps and is
+// woken over one that has been burning its share (or handed it to another process).
 //
 // The job's fields are written while `claim` says KN_CLOSED and read by a worker between its
 // load of `claim` and its compare-and-swap: a successful swap proves that no other job was
@@ -31,24 +34,12 @@
 #define KN_LOAD(x, mo) __atomic_load_n(&(x), __ATOMIC_##mo)
 #define KN_STORE(x, v, mo) __atomic_store_n(&(x), (v), __ATOMIC_##mo)
 
-#define KN_YIELD_EVERY 64  // pauses between yields of a spinning thread (see kn_spin_pause)
-
 static inline void kn_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
-}
-
-// One pause of a spin-wait, the i-th; every KN_YIELD_EVERY-th yields the CPU instead, to a thread
-// of ours (or anyone's) that waits for this core: on a loaded machine the thread a spinner waits
-// for is often queued behind it on the same core.
-static inline void kn_spin_pause(unsigned long long i) {
-    if (i % KN_YIELD_EVERY == KN_YIELD_EVERY - 1)
-        sched_yield();
-    else
-        kn_pause();
 }
 
 #ifdef __linux__
@@ -139,7 +130,7 @@ static void* kn_worker(void* arg) {
         unsigned int e = KN_LOAD(P.epoch, ACQUIRE);
         for (unsigned long long i = 0; e == last && i < kn_spin_iters; ++i) {
             if (KN_LOAD(P.parked, RELAXED)) break;
-            kn_spin_pause(i);
+            kn_pause();
             e = KN_LOAD(P.epoch, ACQUIRE);
         }
         if (e == last) {
@@ -197,7 +188,8 @@ static void kn_wait_done(unsigned int nchunks) {
         unsigned int d = KN_LOAD(P.done, ACQUIRE);
         if (d == nchunks) return;
         if (i < kn_spin_iters) {
-            kn_spin_pause(i++);
+            kn_pause();
+            ++i;
             continue;
         }
 #ifdef __linux__
