@@ -175,6 +175,7 @@ def localize(graph: Graph, feed: Mapping[str, np.ndarray], threads: int = 1) -> 
     was made inside a fused step (which may keep f16 intermediates in f32, or contract a*b + c):
     round-off when the graph has a discrete op it may have flipped."""
     loosest = graph_tolerance(graph)
+    originals = list(graph.outputs)
     for v in graph.values():
         if v not in graph.outputs:
             graph.add_output(v)
@@ -199,10 +200,19 @@ def localize(graph: Graph, feed: Mapping[str, np.ndarray], threads: int = 1) -> 
             return what + "; its operands agree and give the product's value: round-off", True
         return what + "; its operands agree: the product computes it differently", False
     what = "no value differs with every value an output: the difference is in a fused step"
-    discrete = [v for v in graph.values() if _discrete(graph, v)]
+    discrete = [v for v in _ancestors(graph, originals) if _discrete(graph, v)]
     if discrete:  # e.g. an argmax over f16 sums a fused step keeps in f32 (the reference rounds)
         what += f", before {graph.format_value(discrete[0])}, which round-off may flip"
     return what, bool(discrete)
+
+
+def _ancestors(graph: Graph, outputs: list[Value]) -> list[Value]:
+    """The values `outputs` depend on (themselves included), in index order."""
+    needed = {v.index for v in outputs}
+    for index in range(len(graph) - 1, -1, -1):  # operands come before their users
+        if index in needed:
+            needed.update(x.index for x in graph[graph.value(index)].op.inputs)
+    return [graph.value(i) for i in sorted(needed)]
 
 
 def _edge_pool(dt: np.dtype) -> np.ndarray | None:
