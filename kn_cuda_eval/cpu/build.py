@@ -8,9 +8,9 @@ runs those steps with NumPy). OpenMP (`-fopenmp`) and `_Float16` are probed once
 `_Float16` the kernels convert f16 in software.
 
 `pool()` is the process's thread pool for the parallel loops of those libraries (`pool.c`,
-compiled without OpenMP), and every library `load_library` loads is bound to it; `pause_ns()`
-times the CPU's spin-wait instruction once, so that spins are bounded in time, not in a count
-tuned on one CPU (the pool's, and libgomp's `GOMP_SPINCOUNT`, set by the executor).
+compiled without OpenMP), and every library `load_library` loads is bound to it; its
+`pause_ns` is the CPU's spin-wait instruction timed once, so that spins are bounded in time, not
+in a count tuned on one CPU (the pool's, and libgomp's `GOMP_SPINCOUNT`, set by the executor).
 """
 
 from __future__ import annotations
