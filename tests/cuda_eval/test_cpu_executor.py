@@ -13,6 +13,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -590,3 +591,26 @@ def test_copies_into_a_concatenation_are_written_in_place_by_their_producer() ->
         for _ in range(2):
             assert_close(ex.eval(feed)[0], evaluate(g, feed)[0], f"reuse={reuse}")
         assert sum("copy written in place" in n for n in ex.names) == len(elided)
+
+
+def test_the_compiler_probes_are_kept_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`build.flags` compiles three probes once per cache folder and compiler, not once per
+    process: a second process (here: the cache of the function cleared) reads the answer."""
+    if build.compiler() is None:
+        pytest.fail("no C compiler: the host backend's build is not tested")
+    monkeypatch.setenv("KN_KERNEL_CACHE", str(tmp_path))
+    build.flags.cache_clear()
+    try:
+        first = build.flags()
+        assert list(tmp_path.glob("cpu/flags-*.txt"))
+        build.flags.cache_clear()
+
+        def no_probe(*args: object) -> bool:
+            raise AssertionError("probed again")
+
+        monkeypatch.setattr(build, "_try", no_probe)
+        assert build.flags() == first
+    finally:
+        build.flags.cache_clear()
