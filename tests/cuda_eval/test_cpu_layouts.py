@@ -448,15 +448,18 @@ def test_an_activation_over_the_convolutions_input_moves_to_a_scratch_slot() -> 
     x = p.steps[c0].x
     assert act.outputs[0].byte_extent()[0] < x.byte_extent()[1]  # the overlap this is about
     steps, posts, used = fuse.fold_activations(p.steps, p.outputs, _convs(p), p.arena_size)
-    assert c0 in posts and used >= p.steps[c0].out.nbytes
-    assert steps[c0].out.offset >= p.arena_size  # type: ignore[union-attr]
-    assert steps[c0 + 2].x.offset == steps[c0].out.offset  # type: ignore[union-attr]
+    folds = HAVE and _agrees(p, c0 + 1)  # oneDNN usable here, and its SiLU keeps NaN
+    assert (c0 in posts) == folds
+    if folds:
+        assert used >= p.steps[c0].out.nbytes
+        assert steps[c0].out.offset >= p.arena_size  # type: ignore[union-attr]
+        assert steps[c0 + 2].x.offset == steps[c0].out.offset  # type: ignore[union-attr]
     feed = [(RNG.standard_normal((1, 16, 9, 9)) * 3).astype(np.float32)]
     ex = HostExecutor(p, threads=2)
     for _ in range(2):
         for got, ref in zip(ex.eval(feed), evaluate(g, feed), strict=True):
             assert_close(got, ref, "moved")
-    assert (ex.arena.size > p.arena_size) == HAVE
+    assert (ex.arena.size > p.arena_size) == folds
 
 
 def test_a_moved_activation_may_be_partly_overwritten_once_dead() -> None:
