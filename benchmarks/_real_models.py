@@ -33,3 +33,14 @@ def export_or_why(rm: ModuleType, name: str) -> str | None:
     except OSError as e:
         return f"cannot export ({e.strerror}: {e.filename})"
     return why
+
+
+def export_all(rm: ModuleType, names: list[str]) -> dict[str, str]:
+    """Export every model before any timing; the ones that failed, with why (printed)."""
+    failures: dict[str, str] = {}
+    for n in names:
+        why = export_or_why(rm, n)
+        if why is not None:
+            failures[n] = why
+            print(f"export of {n} failed: {why}", flush=True)
+    return failures

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _real_models import export_or_why, import_real_models
+from _real_models import export_all, import_real_models
 
 
 def _parse() -> argparse.Namespace:
@@ -211,12 +211,7 @@ def main() -> int:
     import onnxruntime as ort
 
     names = [n for n in RM.MODELS if not ARGS.only or n in ARGS.only]
-    failures: dict[str, str] = {}
-    for n in names:  # all exports before any timing
-        why = export_or_why(RM, n)
-        if why is not None:
-            failures[n] = why
-            print(f"export of {n} failed: {why}", flush=True)
+    failures = export_all(RM, names)
     cores = sorted(os.sched_getaffinity(0))
     load0 = os.getloadavg()[0]
     competitor = Competitor(cores[-1])

@@ -46,7 +46,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from _real_models import export_or_why, import_real_models
+from _real_models import export_all, import_real_models
 
 RESULT = "RESULT "
 PARTS = (
@@ -261,12 +261,7 @@ def tables(rows: list[tuple[str, dict[str, list[dict[str, Any]]]]]) -> str:
 
 def main() -> int:
     names = [n for n in RM.MODELS if not ARGS.only or n in ARGS.only]
-    failures: dict[str, str] = {}
-    for n in names:  # all exports before any timing
-        why = export_or_why(RM, n)
-        if why is not None:
-            failures[n] = why
-            print(f"export of {n} failed: {why}", flush=True)
+    failures = export_all(RM, names)
     rows = []
     for n in names:
         if n in failures:
