@@ -229,3 +229,22 @@ def check_segmented(
     for k, (a, b) in enumerate(zip(got, ref, strict=True)):
         assert_close(a, b, f"{label} output {k} ({graph.output_names[k]}), segmented")
     return list(plans.values())
+
+
+def mapping_fields(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields (Rss, VmFlags, ...) of the mapping that holds `address`."""
+    fields: dict[str, str] = {}
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head, _, rest = line.partition(" ")
+            if "-" in head and ":" not in head:
+                if inside:
+                    break
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside:
+                fields[head.rstrip(":")] = rest.strip()
+    if not inside:
+        raise AssertionError(f"no mapping holds {address:#x}")
+    return fields

@@ -31,7 +31,7 @@ from kn_graph.errors import EvaluationError, KnError
 from kn_graph.ops import BinaryOp
 from kn_graph.optimizer import optimize
 from tests.cuda_eval.corpus import FIXTURES, cases
-from tests.cuda_eval.helpers import assert_close
+from tests.cuda_eval.helpers import assert_close, mapping_fields
 
 Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
 PLANNER_TESTS = ("test_layouts", "test_elementwise", "test_steps")
@@ -305,17 +305,7 @@ def _resident_range(address: int, nbytes: int) -> int:
 
 def _resident(address: int) -> int:
     """Bytes of the mapping holding `address` that are in memory (/proc/self/smaps Rss)."""
-    with open("/proc/self/smaps") as f:
-        lines = f.read().splitlines()
-    inside = False
-    for line in lines:
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "Rss:":
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no mapping holds {address:#x}")
+    return int(mapping_fields(address)["Rss"].split()[0]) * 1024
 
 
 def test_packed_weights_are_not_held_twice() -> None:

@@ -4,6 +4,8 @@ memory that really leaves (private mappings: Rss, not pages moved to shared memo
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ from kn_graph.dtype import DType
 from kn_graph.graph import Graph
 from kn_graph.shape import Shape, Size
 from kn_runtime import Device
-from tests.cuda_eval.helpers import assert_close
+from tests.cuda_eval.helpers import assert_close, mapping_fields
 
 D = 64
 
@@ -60,7 +62,7 @@ def test_bindings_share_one_arena_and_the_weights_packed_once() -> None:
     # a size that outgrows the arena's headroom replaces it, and the executors built over the
     # old one go with it; each size was built once
     counts = [m["executors"] for m in seen]
-    assert all(b <= a + 1 for a, b in zip(counts, counts[1:], strict=False)), counts
+    assert all(b <= a + 1 for a, b in itertools.pairwise(counts)), counts
     assert p._whole.built == len(sizes)  # type: ignore[attr-defined]
     if onednn.available() is None:
         # every binding after the first found its weights packed (a layout a new size picks
@@ -118,16 +120,7 @@ def test_a_packed_constant_that_is_also_an_output_keeps_its_bytes() -> None:
 
 
 def _vm_flags(address: int) -> list[str]:
-    with open("/proc/self/smaps") as f:
-        inside = False
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
+    return mapping_fields(address)["VmFlags"].split()
 
 
 def test_the_arena_is_a_private_mapping() -> None:
@@ -161,7 +154,10 @@ def test_memory_stays_flat_over_many_bindings(max_bindings: int) -> None:
     g, _ = _dynamic_model()
     p = Device.cpu(threads=2).prepare(g, max_bindings=max_bindings)
     rng = np.random.default_rng(0)
-    sizes = [(int(a), int(b)) for a, b in zip(rng.integers(4, 16, 20), rng.integers(1, 64, 20))]
+    sizes = [
+        (int(a), int(b))
+        for a, b in zip(rng.integers(4, 16, 20), rng.integers(1, 64, 20), strict=True)
+    ]
     _check(p, g, _feed(16, 64), "largest first")
     base = _rss_and_shmem()
     arena = p.memory()["arena"]
