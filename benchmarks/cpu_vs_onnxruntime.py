@@ -70,8 +70,8 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from kn_graph.cpu import evaluate  # noqa: E402
 from kn_graph.onnx import load_onnx  # noqa: E402
+from kn_graph.reference import evaluate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "tests" / "models"

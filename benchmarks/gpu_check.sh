@@ -84,7 +84,7 @@ SMI=(timeout -k 1 "$(limit 5 0 "$V_END")" nvidia-smi)
 echo "$(printf '%20s' driver): $("${SMI[@]}" --query-gpu=driver_version --format=csv,noheader 2>&1 | head -1)"
 uname -m
 "${SMI[@]}" --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | head -3 || true
-timeout -k "$KILL_S" "$(limit 15 0 "$V_END")" "$PY" -m kn_cuda_eval.device
+timeout -k "$KILL_S" "$(limit 15 0 "$V_END")" "$PY" -m kn_cuda_eval.cuda.device
 timeout -k "$KILL_S" "$(limit 30 0 "$V_END")" "$PY" - <<'EOF' 2>&1 || true
 import importlib, platform
 print(f"{'python':>20}: {platform.python_version()}")

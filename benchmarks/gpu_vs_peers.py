@@ -74,7 +74,7 @@ def add_wheels() -> list[str]:
 def cuda_problem(dry: bool) -> str | None:
     if dry:
         return None
-    from kn_cuda_eval.device import probe
+    from kn_cuda_eval.cuda.device import probe
 
     return probe(0)
 
@@ -401,14 +401,14 @@ class Bench:
     ) -> tuple[float, np.ndarray, float | None]:
         """(median ms, output, arena MB) of our executor (CPU executor in a dry run)."""
         if self.dry:
-            from kn_graph.cpu import evaluate
+            from kn_graph.reference import evaluate
 
             out = evaluate(graph, feeds)[0]
             ms, _ = median_ms(lambda: evaluate(graph, feeds), lambda: None, 5, 2.0)
             return ms, out, None
         import cupy as cp
 
-        from kn_cuda_eval.device import CudaExecutor, ExecutorSettings
+        from kn_cuda_eval.cuda.device import CudaExecutor, ExecutorSettings
 
         ex = CudaExecutor(graph, batch_size=batch, settings=ExecutorSettings(tf32=tf32))
         try:
@@ -638,13 +638,13 @@ class Bench:
             note="1-element-wide chain of sin/cos, unfused: one kernel per step",
         )
         if self.dry:
-            from kn_graph.cpu import evaluate
+            from kn_graph.reference import evaluate
 
             row.ours_ms, _ = median_ms(lambda: evaluate(g, [xv]), lambda: None, 5, 2.0)
             self.record(row)
             return
         from kn_cuda_eval import PlanSettings
-        from kn_cuda_eval.device import CudaExecutor, ExecutorSettings
+        from kn_cuda_eval.cuda.device import CudaExecutor, ExecutorSettings
 
         for graphs in (True, False):
             sets = ExecutorSettings(cuda_graphs=graphs, plan=PlanSettings(fuse_elementwise=False))
@@ -738,7 +738,7 @@ def table(rows: list[Row], dry: bool = False) -> str:
 def versions(torch: Any) -> dict[str, str]:
     out: dict[str, str] = {"python": platform.python_version(), "numpy": np.__version__}
     try:
-        from kn_cuda_eval.device import versions as kv
+        from kn_cuda_eval.cuda.device import versions as kv
 
         out.update(kv(0))
     except Exception as e:

@@ -33,9 +33,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from kn_cuda_eval import plan
-from kn_cuda_eval import steps as st
 from kn_cuda_eval.cpu import onednn
-from kn_cuda_eval.emulator import emulate_step, load_arena
+from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.emulator import emulate_step, load_arena
 from kn_graph.onnx import load_onnx
 
 RNG = np.random.default_rng(0)

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kn_cuda_eval import plan  # noqa: E402
-from kn_cuda_eval.kernels import distinct_kernels  # noqa: E402
+from kn_cuda_eval.cuda.kernels import distinct_kernels  # noqa: E402
+from kn_cuda_eval.cuda.kernels.dispatch import plan_launches  # noqa: E402
 from kn_graph.optimizer import optimize  # noqa: E402
 from tests.cuda_eval.corpus import FIXTURES, datasets, load  # noqa: E402
 
@@ -62,7 +63,7 @@ def main() -> int:
         sets = datasets(name)
         for graph in (g, og):
             for _, binds in sets:
-                for k in distinct_kernels(plan(graph, bindings=binds).kernels()):
+                for k in distinct_kernels(plan_launches(plan(graph, bindings=binds))):
                     kernels.setdefault(k.source, k)
         binds = dict(sets[-1][1])
         if args.batch is not None and "B" in binds:
@@ -108,7 +109,7 @@ def main() -> int:
     if skipped:
         lines.append(f"Not loadable yet (skipped): {', '.join(skipped)}.")
     if not args.no_compile:
-        from kn_cuda_eval.kernels.compile import compile_kernel, nvrtc_version
+        from kn_cuda_eval.cuda.kernels.compile import compile_kernel, nvrtc_version
 
         stats = []
         t0 = time.perf_counter()

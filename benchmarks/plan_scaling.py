@@ -32,6 +32,7 @@ from timing import median_time  # noqa: E402  (benchmarks/ is the script folder)
 
 import kn_cuda_eval  # noqa: E402
 from kn_cuda_eval import plan  # noqa: E402
+from kn_cuda_eval.cuda.kernels.dispatch import plan_launches  # noqa: E402
 
 
 def _big_graphs():  # type: ignore[no-untyped-def]
@@ -99,14 +100,14 @@ def corpus_validate(repeat: int) -> dict:
 
 def nvrtc_costs() -> list[tuple[int, float, float]]:
     from kn_cuda_eval import PlanSettings
-    from kn_cuda_eval.kernels import distinct_kernels
-    from kn_cuda_eval.kernels.compile import _compile
+    from kn_cuda_eval.cuda.kernels import distinct_kernels
+    from kn_cuda_eval.cuda.kernels.compile import _compile
 
     bg = _big_graphs()
     out = []
     for n in (64, 128, 256, 512, 1024, 2048):
         p = plan(bg.chain_graph(n), 2, settings=PlanSettings(max_kernel_ops=10**9))
-        (k,) = distinct_kernels(p.kernels())
+        (k,) = distinct_kernels(plan_launches(p))
         ts = []
         for arch in (80, 90):
             t0 = time.perf_counter()

@@ -11,7 +11,7 @@ read once before, so all of them find it in the page cache):
 - ours cold: `load_onnx` + `optimize` + `Device.cpu(N).prepare` (as `real_models.ours_prepared`:
   the plan, the compiled C steps, oneDNN's primitives and packed weights are all made there for
   a fixed-shape model) and the first `eval`, with the compile cache pointed at a new empty folder
-  (`$KN_KERNEL_CACHE`, read by `kn_cuda_eval.kernels.compile.cache_dir`);
+  (`$KN_KERNEL_CACHE`, read by `kn_cuda_eval.cuda.kernels.compile.cache_dir`);
 - ours warm: the same with that folder as the cold run left it (the C library on disk).
 Imports are not counted on either side (onnxruntime loads its library when imported; ours loads
 libdnnl and probes the compiler inside prepare, which is counted). Medians over --repeat.
@@ -114,7 +114,7 @@ class Parts:
 
 def child_ours(path: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
-    import kn_cuda_eval.plan as plan_module
+    import kn_cuda_eval.planning.plan as plan_module
     import kn_graph.onnx
     import kn_graph.optimizer
     from kn_cuda_eval.cpu import build, executor

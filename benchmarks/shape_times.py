@@ -33,7 +33,7 @@ def main() -> int:
 
     import kn_graph
     from kn_cuda_eval import plan
-    from kn_graph.cpu import bind_inputs
+    from kn_graph.binding import bind_inputs
     from kn_graph.errors import KnError
     from kn_graph.onnx import load_onnx
     from kn_graph.optimizer import optimize

@@ -1,6 +1,7 @@
 """kn_graph — the Kyanite IR: symbolic shapes, a closed op set, a hash-consed SSA graph, the ONNX
 loader and the NumPy reference executor."""
 
+from kn_graph._moved import install as _install_moved
 from kn_graph.dtype import DType
 from kn_graph.errors import (
     ArgumentTypeError,
@@ -43,3 +44,5 @@ __all__ = [
     "ValueInfo",
     "infer_symbols",
 ]
+
+_install_moved()  # old module paths keep working for one release, with a warning

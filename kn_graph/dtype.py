@@ -105,7 +105,7 @@ _C: dict[DType, str] = {
 
 def float_to_int(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Float to integer conversion as every executor does it (the reference, the plan emulator,
-    the CPU backend's C and the CUDA kernels: `kn_cuda_eval.kernels.exprs.cast`): toward zero,
+    the CPU backend's C and the CUDA kernels: `kn_cuda_eval.codegen.exprs.cast`): toward zero,
     saturating at the bounds of `dtype`, NaN to 0. C leaves an out-of-range conversion undefined
     and machines differ (x86 gives INT_MIN, or 0xFFFFFFFF with AVX-512's unsigned converts; ARM
     and CUDA saturate; NumPy's loops inherit whichever they compile to); ONNX's Cast leaves it

@@ -3,7 +3,7 @@ correctly (the CPU executor runs these; the device runners call the same functio
 host points of a segmented plan, so there is one semantics).
 
 Each kind maps (op, argument arrays, bindings, a graph runner) to its list of results. Control
-flow (If / Loop / Scan) runs its subgraphs through the runner it is given: `kn_graph.cpu.evaluate`
+flow (If / Loop / Scan) runs its subgraphs through the runner it is given: `kn_graph.reference.evaluate`
 on the reference executor, a device's own runner on a device. Results are checked against the
 op's declared shapes by `bind_results`, which also binds the run-time size symbols.
 """

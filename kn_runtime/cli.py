@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from kn_graph._cli import CliError, OneLineParser, load_npy, parse_int
-from kn_graph.cpu import bind_inputs
+from kn_graph.binding import bind_inputs
 from kn_graph.dtype import DType
 from kn_graph.errors import KnError, OnnxImportError, StaticInputRequiredError
 from kn_graph.graph import Graph
@@ -250,7 +250,7 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = None
     if device.kind == "cuda":
-        from kn_cuda_eval.device import ExecutorSettings
+        from kn_cuda_eval.cuda.device import ExecutorSettings
 
         settings = ExecutorSettings(cuda_graphs=not args.no_cuda_graphs, tf32=args.tf32)
     # a batch size given to prepare fixes the only free symbol: the plan is made (and compiled)

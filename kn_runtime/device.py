@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kn_graph.cpu import bind_inputs, bind_shapes, evaluate, inputs_in_order
+from kn_graph.binding import bind_inputs, bind_shapes, inputs_in_order
 from kn_graph.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -28,6 +28,7 @@ from kn_graph.errors import (
     KnError,
 )
 from kn_graph.graph import Graph
+from kn_graph.reference import evaluate
 from kn_graph.shape import BATCH
 
 __all__ = ["Device", "PreparedGraph"]
@@ -57,7 +58,7 @@ class Device:
         """The CPU. By default the fast backend: the planner's plan run on the host (fused steps
         compiled as C, convolutions and GEMMs through oneDNN, `kn_cuda_eval.cpu`), with
         `threads` intra-op threads (None: the cores this process may use).
-        `reference=True`: the NumPy reference executor (`kn_graph.cpu.evaluate`), the oracle of
+        `reference=True`: the NumPy reference executor (`kn_graph.reference.evaluate`), the oracle of
         every test — simple, slow, single-threaded in Python. `fast=True/False` is the older
         spelling of the same choice (`fast=False` is `reference=True`)."""
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
@@ -97,7 +98,7 @@ class Device:
         """Bind a graph to this device. With `batch_size=None` symbols are inferred per call.
         `graph` may also be what `load_onnx` takes (a path, bytes, an `onnx.ModelProto`) or a
         `ValueSpecializedModel` (shapes decided by input values: one graph per distinct value).
-        On CUDA, `settings` is a `kn_cuda_eval.device.ExecutorSettings` (None: the defaults).
+        On CUDA, `settings` is a `kn_cuda_eval.cuda.device.ExecutorSettings` (None: the defaults).
         `max_bindings` executors are kept, one per binding of the size symbols (a sequence
         length, an image size; least recently used first out; None:
         `kn_cuda_eval.cpu.executor.DEFAULT_MAX_BINDINGS`, 8); on the CPU backend they share one
@@ -151,7 +152,7 @@ class Device:
 def _cuda_count() -> int:
     """CUDA devices the driver shows; 0 when anything is missing."""
     try:
-        return int(importlib.import_module("kn_cuda_eval.device").device_count())
+        return int(importlib.import_module("kn_cuda_eval.cuda.device").device_count())
     except Exception:
         return 0
 
@@ -163,7 +164,7 @@ def _cuda_problem(index: int) -> str | None:
     except ImportError:
         return "the kn_cuda_eval backend is not installed"
     try:
-        probe = importlib.import_module("kn_cuda_eval.device").probe  # type: ignore[attr-defined]
+        probe = importlib.import_module("kn_cuda_eval.cuda.device").probe  # type: ignore[attr-defined]
         reason = probe(index)
     except Exception as e:  # any failure of the driver, CuPy or the libraries means "no CUDA"
         reason = f"{type(e).__name__}: {e}"
@@ -196,7 +197,7 @@ class PreparedGraph:
         return evaluate(self.graph, inputs, self.batch_size)
 
     def profile(self, inputs: Inputs) -> Any:
-        """Per-step device times of one evaluation (`kn_cuda_eval.device.Profile`); CUDA only."""
+        """Per-step device times of one evaluation (`kn_cuda_eval.cuda.device.Profile`); CUDA only."""
         raise KnError(
             f"profiling times device steps; {self.device} has none (use Device.cpu() or a CUDA "
             "device)"
@@ -243,7 +244,7 @@ class CudaPreparedGraph(PreparedGraph):
         key = tuple(sorted(bindings.items()))
         ex = self.executors.get(key)
         if ex is None:
-            from kn_cuda_eval.device import CudaExecutor
+            from kn_cuda_eval.cuda.device import CudaExecutor
 
             ex = CudaExecutor(
                 self.graph,
@@ -275,14 +276,14 @@ class CudaPreparedGraph(PreparedGraph):
 
 class SegmentedCudaPreparedGraph(PreparedGraph):
     """A graph with data-dependent ops (`Dynamic`) on a CUDA device, run segment by segment
-    (`kn_cuda_eval.segments`): each segment on an executor made once per binding of its sizes;
+    (`kn_cuda_eval.planning.segments`): each segment on an executor made once per binding of its sizes;
     at each data-dependent point its arguments are copied to the host, it runs there (the CPU
     semantics), and the sizes it produces bind the next segment. Values stay on the device
     between segments."""
 
     def __init__(self, graph: Graph, device: Device, batch_size: int | None, settings: Any) -> None:
         super().__init__(graph, device, batch_size)
-        from kn_cuda_eval.segments import SegmentedRunner, per_binding
+        from kn_cuda_eval.planning.segments import SegmentedRunner, per_binding
 
         self.settings = settings
         self.executors: list[Any] = []
@@ -293,7 +294,7 @@ class SegmentedCudaPreparedGraph(PreparedGraph):
         )
 
     def _executor(self, seg: Any, bindings: dict[str, int]) -> Any:
-        from kn_cuda_eval.device import CudaExecutor
+        from kn_cuda_eval.cuda.device import CudaExecutor
 
         ex = CudaExecutor(
             seg.graph, device=self.device.index, bindings=bindings, settings=self.settings
@@ -317,7 +318,7 @@ class HostDevicePreparedGraph(PreparedGraph):
     """A graph on the CPU backend (`Device.cpu()`): a
     `kn_cuda_eval.cpu.executor.HostPreparedGraph` — one plan and `HostExecutor` per binding,
     at most `max_bindings` kept, all in one arena with the weights packed once; a graph with
-    data-dependent ops runs in segments (`kn_cuda_eval.segments`), each segment such a
+    data-dependent ops runs in segments (`kn_cuda_eval.planning.segments`), each segment such a
     prepared graph of its own."""
 
     def __init__(
@@ -325,7 +326,7 @@ class HostDevicePreparedGraph(PreparedGraph):
     ) -> None:
         super().__init__(graph, device, batch_size)
         from kn_cuda_eval.cpu.executor import HostPreparedGraph
-        from kn_cuda_eval.segments import SegmentedRunner
+        from kn_cuda_eval.planning.segments import SegmentedRunner
 
         self._lock = threading.RLock()
         self.max_bindings = max_bindings

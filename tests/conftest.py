@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kn_graph import DType, Graph, Shape, Value
-from kn_graph.cpu import evaluate
+from kn_graph.reference import evaluate
 
 
 def graph_with(shape: Sequence[object], dtype: DType = DType.F32) -> tuple[Graph, Value]:

@@ -13,7 +13,6 @@ import pytest
 from onnx import TensorProto, helper
 
 from kn_graph import DType, Graph, ReduceOp, Shape, Size, UnaryOp
-from kn_graph.cpu import evaluate
 from kn_graph.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -21,6 +20,7 @@ from kn_graph.errors import (
     InputMismatchError,
 )
 from kn_graph.onnx import load_onnx
+from kn_graph.reference import evaluate
 from kn_runtime import Device
 from kn_runtime.cli import default_model_path
 
@@ -243,7 +243,7 @@ def test_an_empty_iota_allocates_nothing_and_an_empty_argmax_is_our_error() -> N
 
 
 def test_the_memory_check_counts_what_the_evaluation_already_holds(monkeypatch) -> None:
-    import kn_graph.cpu as cpu
+    import kn_graph.reference as cpu
 
     monkeypatch.setattr(cpu, "available_bytes", lambda: 3 * 4 * 1024)  # three 1k-float values
     g = Graph()

@@ -9,7 +9,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from kn_graph.cpu import evaluate
 from kn_graph.errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -21,6 +20,7 @@ from kn_graph.errors import (
     UnsupportedOnnxError,
 )
 from kn_graph.onnx import load_onnx
+from kn_graph.reference import evaluate
 from kn_runtime import Device
 
 

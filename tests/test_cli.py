@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kn_graph.cpu import evaluate
 from kn_graph.onnx import load_onnx
+from kn_graph.reference import evaluate
 from kn_runtime.cli import default_model_path, main, random_inputs
 
 MODELS = Path(__file__).parent / "models"

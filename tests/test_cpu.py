@@ -12,7 +12,7 @@ import pytest
 import scipy.special
 
 from kn_graph import BinaryOp, DType, EvaluationError, Graph, ReduceOp, Size, UnaryOp
-from kn_graph.cpu import evaluate
+from kn_graph.reference import evaluate
 from tests.conftest import graph_with, random_array, run
 
 B = Size.sym("B")

@@ -12,11 +12,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from kn_cuda_eval.segments import HostPoint, Segment, emulate_graph, split
-from kn_graph.cpu import evaluate
+from kn_cuda_eval.planning.segments import HostPoint, Segment, emulate_graph, split
 from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
 from kn_graph.onnx import load_onnx
 from kn_graph.optimizer import optimize
+from kn_graph.reference import evaluate
 from kn_runtime import Device
 from tests.cuda_eval.helpers import check_plan
 from tests.onnx.helpers import model, node, reference

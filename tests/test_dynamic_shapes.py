@@ -14,10 +14,11 @@ from onnx import TensorProto, helper
 
 from kn_cuda_eval import emulate, plan
 from kn_graph import Shape, ShapeMismatchError, Size
-from kn_graph.cpu import bind_inputs, evaluate
+from kn_graph.binding import bind_inputs
 from kn_graph.errors import InputMismatchError, KnError, StaticInputRequiredError
 from kn_graph.onnx import ValueSpecializedModel, load_onnx
 from kn_graph.optimizer import optimize
+from kn_graph.reference import evaluate
 from kn_runtime import Device
 
 MODELS = Path(__file__).parent / "models"

@@ -17,7 +17,8 @@ from kn_graph import (
     Size,
     UnsupportedOnnxError,
 )
-from kn_graph.cpu import bind_inputs, evaluate
+from kn_graph.binding import bind_inputs
+from kn_graph.reference import evaluate
 from kn_runtime import Device
 
 B = Size.sym("B")

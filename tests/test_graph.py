@@ -7,8 +7,9 @@ import doctest
 import numpy as np
 import pytest
 
-import kn_graph.cpu
+import kn_graph.binding
 import kn_graph.graph
+import kn_graph.reference
 import kn_graph.shape
 from kn_graph import (
     BinaryOp,
@@ -45,7 +46,9 @@ S = Size.sym("S")
 
 # -- doctests ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "module", [kn_graph.shape, kn_graph.graph, kn_graph.cpu], ids=lambda m: m.__name__
+    "module",
+    [kn_graph.shape, kn_graph.graph, kn_graph.reference, kn_graph.binding],
+    ids=lambda m: m.__name__,
 )
 def test_module_doctests_pass(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kn_graph.cpu import evaluate
 from kn_graph.onnx import ValueSpecializedModel, load_onnx
+from kn_graph.reference import evaluate
 from kn_runtime import Device
 
 MODELS = Path(__file__).parent / "models"

@@ -9,8 +9,8 @@ import pytest
 import scipy.special
 
 from kn_graph import DType, Graph, GraphError, Shape, ShapeMismatchError, Size
-from kn_graph.cpu import evaluate
 from kn_graph.ops import Binary, BinaryOp, MatMul
+from kn_graph.reference import evaluate
 from tests.conftest import graph_with, run
 
 B = Size.sym("B")

@@ -9,9 +9,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from kn_graph.cpu import evaluate
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import View
+from kn_graph.reference import evaluate
 from kn_graph.shape import Shape, Size
 
 

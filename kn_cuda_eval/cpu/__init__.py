@@ -1,3 +1,4 @@
-"""kn_cuda_eval.cpu — the fast CPU backend: a plan's steps executed on the host over one NumPy
-arena (convolutions and GEMMs through oneDNN, `kn_cuda_eval.cpu.onednn`; fused steps as
-compiled C). Nothing is imported here, so each part loads only when it is used."""
+"""kn_cuda_eval.cpu — the CPU backend: a plan's steps executed on the host over one NumPy arena
+(`executor`), after its own plan passes (`passes`), fused steps as C printed by the shared code
+generator (`csource`) and compiled once (`build`), convolutions and GEMMs through oneDNN
+(`onednn`). Nothing is imported here, so each part loads only when it is used."""

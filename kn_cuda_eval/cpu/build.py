@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from kn_cuda_eval.kernels.compile import cache_dir, numbered
+from kn_cuda_eval.codegen.cache import cache_dir, numbered
 from kn_graph.errors import KernelCompileError
 
 __all__ = [

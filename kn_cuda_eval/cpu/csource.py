@@ -1,6 +1,6 @@
 """Host C for a plan's fused steps: elementwise (and copy), reduce, softmax, layernorm, gather and
 attention, printed from the same expression table as the CUDA kernels (`kernels/exprs.py`, through
-`launch.print_program`), over the C prelude `prelude.h` (half, the `kn_*` helpers, vectorizable
+`codegen/printer.py`), over the C prelude `prelude.h` (half, the `kn_*` helpers, vectorizable
 exp / tanh / erf).
 
 Every kernel has the signature `int name(char* base, const long long* p, const double* f)`: sizes,
@@ -12,8 +12,8 @@ process's thread pool (`pool.c`) hands out dynamically when the step is big enou
 units of work): the parallel part of a kernel is a region function of its own (`_parallel`),
 which the calling thread runs too, taking chunks until none is left.
 
->>> from kn_cuda_eval.program import Bin, Load, Program
->>> from kn_cuda_eval.view import StridedView
+>>> from kn_cuda_eval.planning.program import Bin, Load, Program
+>>> from kn_cuda_eval.planning.view import StridedView
 >>> from kn_graph.dtype import DType
 >>> from kn_graph.ops import BinaryOp
 >>> v = StridedView.dense(256, (4, 8), DType.F32)
@@ -32,13 +32,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import assert_never
 
-from kn_cuda_eval import steps as st
-from kn_cuda_eval.kernels import exprs
-from kn_cuda_eval.kernels.launch import print_program
-from kn_cuda_eval.kernels.rows import _acc_type, _extreme
-from kn_cuda_eval.kernels.template import CodeWriter
-from kn_cuda_eval.program import Bin, Const, Index, Instr, Load, Program, Sel, Un, prune
-from kn_cuda_eval.view import StridedView
+from kn_cuda_eval.codegen import exprs
+from kn_cuda_eval.codegen.printer import print_program
+from kn_cuda_eval.codegen.template import CodeWriter
+from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.program import Bin, Const, Index, Instr, Load, Program, Sel, Un, prune
+from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.ops import ReduceOp, UnaryOp
 
@@ -221,7 +220,6 @@ def _nest(
             )
 
 
-_CUDA_BITCAST = re.compile(r"kn_bitcast<([^,<>]+), ([^,<>]+)>\(")
 _REGION = re.compile(r"\bKN_REGION(\d+)\b")
 
 
@@ -236,9 +234,6 @@ def _kernel(
         f"    (void)base; (void)p; (void)f;\n{decls}{r}\n}}\n"
         for i, r in enumerate(a.regions)
     )
-    # the table spells a bit cast as the CUDA prelude's template; C has the prelude's macro
-    text = _CUDA_BITCAST.sub(r"KN_BITCAST(\1, \2, ", text)
-    regions = _CUDA_BITCAST.sub(r"KN_BITCAST(\1, \2, ", regions)
     name = f"kn_{kind}_{hashlib.sha256((regions + text).encode()).hexdigest()[:16]}"
     src = regions + (
         f"KN_KERNEL int {name}(char* restrict base, const long long* restrict p, "
@@ -452,7 +447,7 @@ class _Rows:
         ]
         self.out = a.ptr("out", out, const=False)
         self.so = a.strides("so", out.strides)
-        self.acc = _acc_type(x.dtype)
+        self.acc = exprs.acc_ctype(x.dtype)
         self.w = CodeWriter(3)
 
     def open(self) -> None:
@@ -675,8 +670,8 @@ def _reduce_columns(s: st.Reduce, acc: str) -> CCall:
                 ReduceOp.SUM: "0",
                 ReduceOp.MEAN: "0",
                 ReduceOp.PROD: "1",
-                ReduceOp.MIN: _extreme(xdt, acc, True),
-                ReduceOp.MAX: _extreme(xdt, acc, False),
+                ReduceOp.MIN: exprs.extreme(xdt, acc, True),
+                ReduceOp.MAX: exprs.extreme(xdt, acc, False),
             }[s.op]
             w.line(f"{acc} a[{COLUMNS}];")
             w.line(f"int nan[{COLUMNS}];")
@@ -737,7 +732,7 @@ def _reduce(s: st.Reduce) -> CCall:
     x = s.x
     r = _Rows(x, s.out.rank, s.out)
     xdt = x.dtype
-    acc = _acc_type(xdt) if xdt.is_float else exprs.compute_ctype(xdt)
+    acc = exprs.acc_ctype(xdt) if xdt.is_float else exprs.compute_ctype(xdt)
     if xdt is DType.BOOL or (xdt.is_int and xdt.size < 4):
         acc = "int" if xdt.is_signed or xdt is DType.BOOL else "unsigned int"
     r.acc = acc
@@ -763,7 +758,7 @@ def _reduce(s: st.Reduce) -> CCall:
         case ReduceOp.MIN | ReduceOp.MAX:
             low = s.op is ReduceOp.MIN
             cmp, red = ("<", "min") if low else (">", "max")
-            w.line(f"{acc} a = {_extreme(xdt, acc, low)};")
+            w.line(f"{acc} a = {exprs.extreme(xdt, acc, low)};")
             w.line("int nan = 0;")
 
             def ext(w: CodeWriter, v: str, _: str) -> None:
@@ -776,7 +771,7 @@ def _reduce(s: st.Reduce) -> CCall:
         case ReduceOp.ARGMIN | ReduceOp.ARGMAX:
             low = s.op is ReduceOp.ARGMIN
             cmp = "<" if low else ">"
-            w.line(f"{acc} a = {_extreme(xdt, acc, low)};")
+            w.line(f"{acc} a = {exprs.extreme(xdt, acc, low)};")
             w.line("long long ai = -1;")
 
             def arg(w: CodeWriter, v: str, j: str) -> None:

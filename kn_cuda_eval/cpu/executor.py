@@ -52,16 +52,17 @@ from typing import Any
 
 import numpy as np
 
-from kn_cuda_eval import steps as st
-from kn_cuda_eval.cpu import attention, build, csource, elide, fuse, layouts
-from kn_cuda_eval.device.profile import Profile, ProfileRow
-from kn_cuda_eval.emulator import emulate_step, plan_inputs, view_array
-from kn_cuda_eval.limits import check_allocation, check_plan
-from kn_cuda_eval.plan import Plan
-from kn_cuda_eval.plan import plan as make_plan
-from kn_cuda_eval.planner import PlanSettings
-from kn_cuda_eval.view import StridedView
-from kn_graph.cpu import available_bytes, bind_shapes
+from kn_cuda_eval.cpu import build, csource
+from kn_cuda_eval.cpu.passes import attention, elide, fuse, layouts
+from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.emulator import emulate_step, plan_inputs, view_array
+from kn_cuda_eval.planning.limits import check_allocation, check_plan
+from kn_cuda_eval.planning.plan import Plan
+from kn_cuda_eval.planning.plan import plan as make_plan
+from kn_cuda_eval.planning.planner import PlanSettings
+from kn_cuda_eval.planning.profile import Profile, ProfileRow
+from kn_cuda_eval.planning.view import StridedView
+from kn_graph.binding import available_bytes, bind_shapes
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
 from kn_graph.filemap import release_pages

@@ -27,7 +27,7 @@ Exactness: F32 math stays F32 (`dnnl_fpmath_mode_strict`, set on every primitive
 bf16/tf32 on AMX machines), direct convolution (no Winograd), F16 accumulated in F32. A step
 oneDNN cannot express — F64 or integer data, a negative or zero stride, an empty tensor, or a
 descriptor the library answers with `dnnl_unimplemented` — gets None from the runner factory: the
-caller then runs `kn_cuda_eval.emulator.emulate_step(arena, k, step)` for it. Any other status is
+caller then runs `kn_cuda_eval.planning.emulator.emulate_step(arena, k, step)` for it. Any other status is
 an `OnednnError` naming the step.
 """
 
@@ -49,8 +49,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kn_cuda_eval import steps as st
-from kn_cuda_eval.view import StridedView
+from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError
 
@@ -834,7 +834,7 @@ def conv_desc(
     "plain": the views' NC(D)HW; "nhwc", "c16", "c8": that layout), or None when oneDNN cannot
     run it exactly (F64, negative or zero strides, empty tensors, an unimplemented case).
     `post`: eltwise post-ops (alg kind, alpha, beta) applied last (an activation folded into
-    the convolution, `kn_cuda_eval.cpu.fuse`)."""
+    the convolution, `kn_cuda_eval.cpu.passes.fuse`)."""
     x, w, out = step.x, step.w, step.out
     dt = _DATA_TYPES.get(out.dtype)
     views = [v for v in (x, w, step.bias, step.residual, out) if v is not None]
@@ -1099,7 +1099,7 @@ def _run(lib: DnnlLib, calls: list[_Call], step: st.Step) -> None:
 def _operands(arena: np.ndarray, s: st.MatMul) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The step in row-major terms over arena views: dst [batch, n, m] = src [batch, n, k] @
     wei [batch, k, m] (cuBLAS's Cᵀ = op(B)ᵀ·op(A)ᵀ; the graph's own product)."""
-    from kn_cuda_eval.emulator import view_array
+    from kn_cuda_eval.planning.emulator import view_array
 
     a, b, c = view_array(arena, s.a), view_array(arena, s.b), view_array(arena, s.c)
     wei = a.transpose(0, 2, 1) if s.transa else a  # op(A)ᵀ: [batch, k, m]
@@ -1275,7 +1275,7 @@ def probe_post_ops(
     Post-ops are JIT code generated per ISA (SSE4.1, AVX2, AVX-512) and implementation, and
     their max/min instructions return the second operand when the first is NaN, so whether an
     activation keeps NaN (and agrees on ±inf) is asked of the library on this machine: once
-    per process, chain and dtype, a few milliseconds. `kn_cuda_eval.cpu.fuse` folds only
+    per process, chain and dtype, a few milliseconds. `kn_cuda_eval.cpu.passes.fuse` folds only
     chains whose output agrees with the reference's."""
     if _DATA_TYPES.get(dtype) is None or available() is not None:
         return None

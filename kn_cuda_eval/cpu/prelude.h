@@ -119,7 +119,7 @@ KN_INT_HELPERS(unsigned long long, u64, unsigned long long)
 #define kn_ipow(a, b) KN_INT_GENERIC(kn_ipow, a, b)
 #define kn_shl(a, b) KN_INT_GENERIC(kn_shl, a, b)
 #define kn_shr(a, b) KN_INT_GENERIC(kn_shr, a, b)
-// kn_bitcast<To, From>(x) of the CUDA prelude, in C (the generator spells it this way)
+// the bit cast of the expression table (the CUDA prelude defines the same macro)
 #define KN_BITCAST(To, From, x) \
     ({ From kn_bc_in_ = (x); To kn_bc_out_; memcpy(&kn_bc_out_, &kn_bc_in_, sizeof(To)); kn_bc_out_; })
 

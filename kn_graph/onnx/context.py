@@ -105,7 +105,7 @@ def _fold_constant(g: Graph, v: Value) -> np.ndarray | Value | None:
     """Evaluate a computed value at load time when it depends on constants only (Cast(-inf),
     Max(Shape(x), [4]) …). Else the first graph input it depends on, `_SIZES` when it depends on
     symbolic sizes, or None when it cannot be evaluated."""
-    from kn_graph.cpu import evaluate
+    from kn_graph.reference import evaluate
 
     seen: set[int] = set()
     stack, order = [v], []

@@ -25,12 +25,12 @@ import math
 
 import numpy as np
 
-from kn_graph.cpu import evaluate
 from kn_graph.errors import KnError
 from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import Binary, Broadcast, Constant, Dynamic, Input, Select, Unary, Value, View
 from kn_graph.optimizer.core import Rewriter, copy_op, rewrite
 from kn_graph.optimizer.patterns import MAX_MATERIALISE, compact, emit_compact
+from kn_graph.reference import evaluate
 from kn_graph.shape import Shape
 
 __all__ = ["fold_constant"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from kn_graph.cpu import bind_inputs
+from kn_graph.binding import bind_inputs
 from kn_graph.graph import Graph
 
 MODELS = Path(__file__).parent.parent / "models"
@@ -65,7 +65,7 @@ def fixture_plans(name: str) -> list[Any]:
     or for a data-dependent graph one per segment and binding (found by running it through the
     emulator segment by segment)."""
     from kn_cuda_eval import emulate, plan
-    from kn_cuda_eval.segments import Segment, SegmentedRunner
+    from kn_cuda_eval.planning.segments import Segment, SegmentedRunner
     from kn_graph.optimizer import optimize
 
     out: list[Any] = []

@@ -26,10 +26,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from kn_cuda_eval import steps as st
-from kn_cuda_eval.cudnn.lib import PROTOTYPES, ActivationMode, ConvFwdAlgo, CudnnLib, MathType
-from kn_cuda_eval.device.api import D2D, D2H, H2D, DeviceArray
-from kn_cuda_eval.device.calls import (
+from kn_cuda_eval.cuda.cudnn.lib import PROTOTYPES, ActivationMode, ConvFwdAlgo, CudnnLib, MathType
+from kn_cuda_eval.cuda.device.api import D2D, D2H, H2D, DeviceArray
+from kn_cuda_eval.cuda.device.calls import (
     CUBLAS_COMPUTE_32F,
     CUBLAS_COMPUTE_32F_FAST_TF32,
     CUBLAS_COMPUTE_64F,
@@ -42,10 +41,11 @@ from kn_cuda_eval.device.calls import (
     LaunchList,
     c_parameters,
 )
-from kn_cuda_eval.device.cublas import PROTOTYPES as CUBLAS_PROTOTYPES
-from kn_cuda_eval.device.cublas import CublasLib
-from kn_cuda_eval.emulator import _conv, _step
-from kn_cuda_eval.view import StridedView
+from kn_cuda_eval.cuda.device.cublas import PROTOTYPES as CUBLAS_PROTOTYPES
+from kn_cuda_eval.cuda.device.cublas import CublasLib
+from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.emulator import _conv, _step
+from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
 
 BASE = 0x9000_0000_0000_0000  # non-canonical on x86-64: never a host address
@@ -180,7 +180,7 @@ class GemmRecord:
 
 
 class FakeCublasC:
-    """libcublas's C functions — the prototypes of `kn_cuda_eval.device.cublas`, whose argtypes
+    """libcublas's C functions — the prototypes of `kn_cuda_eval.cuda.device.cublas`, whose argtypes
     convert every argument as ctypes would — over the fake memory. The handle keeps what the real
     library keeps (stream, user workspace, math mode; cublasSetStream_v2 resets the workspace to
     cuBLAS's own pool); GEMMs are interpreted from their raw column-major arguments, computed
@@ -583,7 +583,7 @@ def _kernel(block: np.ndarray, op: st.Step, args: tuple[Any, ...]) -> None:
 
 
 def _nd(block: np.ndarray, v: StridedView) -> np.ndarray:
-    from kn_cuda_eval.emulator import _nd as nd
+    from kn_cuda_eval.planning.emulator import _nd as nd
 
     return nd(block, v)
 

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import Plan, PlanSettings, emulate, plan
-from kn_cuda_eval.kernels import Kernel, distinct_kernels
-from kn_graph.cpu import evaluate
+from kn_cuda_eval.cuda.kernels import Kernel, distinct_kernels
+from kn_cuda_eval.cuda.kernels.dispatch import plan_launches
 from kn_graph.graph import Graph
 from kn_graph.optimizer import optimize
+from kn_graph.reference import evaluate
 
 ARCHS = (80, 90)
 TOL = {"f": {2: 2e-2, 4: 1e-4, 8: 1e-9}}
@@ -39,9 +40,9 @@ STATS = KernelStats()
 
 def compile_all(p: Plan) -> list[Kernel]:
     """Compile the plan's kernels for every arch in ARCHS (each distinct kernel once a session)."""
-    from kn_cuda_eval.kernels.compile import compile_kernel
+    from kn_cuda_eval.cuda.kernels.compile import compile_kernel
 
-    ks = distinct_kernels(p.kernels())
+    ks = distinct_kernels(plan_launches(p))
     for k in ks:
         if k.name in STATS.kernels:
             continue
@@ -82,7 +83,7 @@ def assert_close(got: np.ndarray, ref: np.ndarray, what: str = "") -> None:
 def gpu_problem() -> str | None:
     """Why the real CUDA device cannot be used here (None: it can)."""
     try:
-        from kn_cuda_eval.device import probe
+        from kn_cuda_eval.cuda.device import probe
 
         return probe(0)
     except Exception as e:  # the probe itself never raises, but a broken install might
@@ -108,8 +109,8 @@ def fake_runs(
     each). With CUDA graphs and two evaluations or more, the capture must succeed. Every GEMM
     must have run on the executor's stream with the arena's cuBLAS workspace, never through
     CuPy's cuBLAS wrappers."""
-    from kn_cuda_eval.device.executor import CudaExecutor
-    from kn_cuda_eval.device.settings import ExecutorSettings
+    from kn_cuda_eval.cuda.device.executor import CudaExecutor
+    from kn_cuda_eval.cuda.device.settings import ExecutorSettings
     from tests.cuda_eval.fake_device import FakeApi
 
     fake = FakeApi()
@@ -149,8 +150,8 @@ def check_device(
         for k, (a, b) in enumerate(zip(outs, ref, strict=True)):
             assert_close(a, b, f"{label} output {k} on the fake device (run {run})\n{p}")
     if gpu_problem() is None:
-        from kn_cuda_eval.device.executor import CudaExecutor
-        from kn_cuda_eval.device.settings import ExecutorSettings
+        from kn_cuda_eval.cuda.device.executor import CudaExecutor
+        from kn_cuda_eval.cuda.device.settings import ExecutorSettings
 
         for graphs in (False, True):
             with CudaExecutor.from_plan(p, settings=ExecutorSettings(cuda_graphs=graphs)) as ex:
@@ -202,10 +203,10 @@ def check_segmented(
     label: str,
     settings: PlanSettings | None = None,
 ) -> list[Plan]:
-    """A graph with data-dependent ops, segment by segment (`kn_cuda_eval.segments`): every
+    """A graph with data-dependent ops, segment by segment (`kn_cuda_eval.planning.segments`): every
     segment's plan validated, emulated, its kernels compiled and run on the fake device against
     the emulator; the outputs against `ref`. Returns the plans made."""
-    from kn_cuda_eval.segments import Segment, SegmentedRunner
+    from kn_cuda_eval.planning.segments import Segment, SegmentedRunner
 
     plans: dict[tuple[int, tuple[tuple[str, int], ...]], Plan] = {}
 

@@ -12,9 +12,9 @@ from typing import Literal
 
 import numpy as np
 
-from kn_cuda_eval import steps as st
 from kn_cuda_eval.cpu import onednn
-from kn_cuda_eval.view import StridedView
+from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
 
 __all__ = ["implements"]

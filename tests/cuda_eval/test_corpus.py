@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kn_cuda_eval import plan
-from kn_cuda_eval.segments import Segment, split
+from kn_cuda_eval.planning.segments import Segment, split
 from kn_graph.errors import PlanError
 from kn_graph.optimizer import optimize
 from tests.cuda_eval.corpus import FIXTURES, cases, datasets, load

@@ -2,7 +2,7 @@
 executor: integer division and remainder by 0 and by -1 (INT_MIN / -1 traps on x86), in the
 host C prelude, the CUDA prelude run by the host kernel checker, and the CUDA prelude under NVRTC;
 NaN and ±inf through activations after a convolution, which oneDNN's post-ops may turn into a
-clamp bound (`kn_cuda_eval.cpu.fuse` folds only what its probe finds agreeing).
+clamp bound (`kn_cuda_eval.cpu.passes.fuse` folds only what its probe finds agreeing).
 
 Kernels that could kill the process with a signal run in a child process, so a regression is one
 failing test naming the signal, not a dead test run."""
@@ -20,19 +20,20 @@ import pytest
 from onnx import TensorProto, helper
 
 from kn_cuda_eval import PlanSettings, plan
-from kn_cuda_eval import steps as st
-from kn_cuda_eval.cpu import fuse, onednn
+from kn_cuda_eval.cpu import onednn
 from kn_cuda_eval.cpu.executor import HostExecutor
-from kn_cuda_eval.emulator import emulate_step, view_array
-from kn_cuda_eval.emulator_ops import eval_program
-from kn_cuda_eval.kernels.host import unavailable
-from kn_cuda_eval.program import Bin, Const, Load, Program, Un
-from kn_cuda_eval.view import StridedView
+from kn_cuda_eval.cpu.passes import fuse
+from kn_cuda_eval.cuda.hostcheck import unavailable
+from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.emulator import emulate_step, view_array
+from kn_cuda_eval.planning.emulator_ops import eval_program
+from kn_cuda_eval.planning.program import Bin, Const, Load, Program, Un
+from kn_cuda_eval.planning.view import StridedView
 from kn_graph import DType, Shape
-from kn_graph.cpu import evaluate
 from kn_graph.graph import Graph
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import BinaryOp, UnaryOp, Value
+from kn_graph.reference import evaluate
 from kn_runtime import Device
 from tests.cuda_eval.helpers import assert_close, compile_all
 
@@ -141,7 +142,7 @@ _HOST_CHECK_CHILD = """
 import sys
 import numpy as np
 from kn_cuda_eval import plan
-from kn_cuda_eval.kernels.host import check_plan
+from kn_cuda_eval.cuda.hostcheck import check_plan
 from kn_graph.onnx import load_onnx
 ins = np.load(sys.argv[2])
 checks = check_plan(plan(load_onnx(open(sys.argv[1], "rb").read())), [ins["a"], ins["b"]])

@@ -1,5 +1,5 @@
 """The host plan executor (`kn_cuda_eval.cpu.executor`) against the reference executor
-`kn_graph.cpu.evaluate`, with the emulator's tolerances: every fixture of the corpus (as loaded
+`kn_graph.reference.evaluate`, with the emulator's tolerances: every fixture of the corpus (as loaded
 and optimized, both bindings), the adversarial layouts of the planner tests (permuted,
 broadcast, sliced and negative strides, size 0, rank 0, every op and dtype), the no-compiler
 fallback, errors, and the accuracy of the prelude's vectorizable exp / tanh / erf.
@@ -20,16 +20,17 @@ import numpy as np
 import pytest
 import scipy.special
 
-from kn_cuda_eval import Plan, PlanSettings, plan, steps
+from kn_cuda_eval import Plan, PlanSettings, plan
 from kn_cuda_eval.cpu import build
 from kn_cuda_eval.cpu.executor import HostExecutor, HostLibrary, HostPreparedGraph
-from kn_cuda_eval.emulator import view_array
-from kn_cuda_eval.kernels.host_check import run_planner_tests
+from kn_cuda_eval.cuda.hostcheck.sweep import run_planner_tests
+from kn_cuda_eval.planning import steps
+from kn_cuda_eval.planning.emulator import view_array
 from kn_graph import DType, Graph, ReduceOp, Shape, UnaryOp
-from kn_graph.cpu import evaluate
 from kn_graph.errors import EvaluationError, KnError
 from kn_graph.ops import BinaryOp
 from kn_graph.optimizer import optimize
+from kn_graph.reference import evaluate
 from tests.cuda_eval.corpus import FIXTURES, cases
 from tests.cuda_eval.helpers import assert_close, mapping_fields
 
@@ -123,7 +124,7 @@ def library() -> HostLibrary | None:
 
 
 def _run_segmented(graph: Graph, inputs: Inputs) -> list[np.ndarray]:
-    from kn_cuda_eval.segments import SegmentedRunner
+    from kn_cuda_eval.planning.segments import SegmentedRunner
 
     execs: dict[object, HostExecutor] = {}
 
@@ -353,8 +354,9 @@ def test_large_attention_as_gemms_matches_the_reference(
     layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Attention with enough scores runs as GEMM, softmax, GEMM per head and block of query
-    rows (`kn_cuda_eval.cpu.attention`); small blocks here, so rows split unevenly."""
-    from kn_cuda_eval.cpu import attention, onednn
+    rows (`kn_cuda_eval.cpu.passes.attention`); small blocks here, so rows split unevenly."""
+    from kn_cuda_eval.cpu import onednn
+    from kn_cuda_eval.cpu.passes import attention
 
     monkeypatch.setattr(attention, "BLOCK_BYTES", 100 * 1024)
     rng = np.random.default_rng(11)
@@ -394,7 +396,7 @@ def test_large_attention_as_gemms_matches_the_reference(
 
 
 def test_small_attention_stays_one_fused_step() -> None:
-    from kn_cuda_eval.cpu import attention
+    from kn_cuda_eval.cpu.passes import attention
 
     g = Graph()
     q = g.input(Shape.of(2, 32, 16), DType.F32, "q")
@@ -543,9 +545,9 @@ def test_row_invariant_work_is_tabulated_once_per_inner_coordinate() -> None:
 def test_copies_into_a_concatenation_are_written_in_place_by_their_producer() -> None:
     """A UNet-style concatenation of two convolutions' outputs (each used once): the planner
     copies them into the concatenated buffer; the host executor has the convolutions write
-    there (`kn_cuda_eval.cpu.elide`) and skips the copies, with the reference's results. A
+    there (`kn_cuda_eval.cpu.passes.elide`) and skips the copies, with the reference's results. A
     tensor read again after its copy keeps its copy."""
-    from kn_cuda_eval.cpu import elide
+    from kn_cuda_eval.cpu.passes import elide
 
     rng = np.random.default_rng(14)
 

@@ -1,4 +1,4 @@
-"""The host executor's layout pass (`kn_cuda_eval.cpu.layouts`): which convolution activations
+"""The host executor's layout pass (`kn_cuda_eval.cpu.passes.layouts`): which convolution activations
 stay in oneDNN's layout between steps.
 
 Two halves. The pass itself on real plans with stand-in layouts (no oneDNN needed): chains
@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import plan
-from kn_cuda_eval import steps as st
-from kn_cuda_eval.cpu import layouts, onednn
+from kn_cuda_eval.cpu import onednn
 from kn_cuda_eval.cpu.executor import HostExecutor
+from kn_cuda_eval.cpu.passes import layouts
+from kn_cuda_eval.planning import steps as st
 from kn_graph import DType, Graph, ReduceOp, UnaryOp
-from kn_graph.cpu import evaluate
 from kn_graph.ops import BinaryOp
+from kn_graph.reference import evaluate
 from tests.cuda_eval.helpers import assert_close
 
 HAVE = onednn.available() is None
@@ -154,7 +155,7 @@ def test_flat_steps_are_single_axis_one_dtype_without_indices() -> None:
 def test_permuted_views_take_the_strides_of_the_stored_order() -> None:
     """A row-major view of a [2, 3, 4, 5] tensor stored channels-last (N, H, W, C): merged H and
     W keep one stride, merged C and H cannot, a view that is not row-major is refused."""
-    from kn_cuda_eval.view import StridedView
+    from kn_cuda_eval.planning.view import StridedView
 
     nhwc = (0, 2, 3, 1)  # element strides: N 60, C 1, H 15, W 3
     v = StridedView(0, (2, 3, 20), (60, 20, 1), DType.F32)
@@ -332,20 +333,20 @@ def test_resnet_fixture_runs_every_block_in_oneDNN_layout() -> None:
         assert all("residual" in ex.blocked[k] for k in residuals[1:]), ex.blocked
 
 
-# -- activations folded into the convolution (`kn_cuda_eval.cpu.fuse`) -----------------------
+# -- activations folded into the convolution (`kn_cuda_eval.cpu.passes.fuse`) -----------------------
 
 F32 = DType.F32
 
 
 def _prog(*instrs: object) -> object:
-    from kn_cuda_eval.program import Program
+    from kn_cuda_eval.planning.program import Program
 
     return Program(tuple(instrs), (len(instrs) - 1,))  # type: ignore[arg-type]
 
 
 def test_activation_programs_map_to_oneDNN_eltwise_ops() -> None:
-    from kn_cuda_eval.cpu import fuse
-    from kn_cuda_eval.program import Bin, Const, Load, Un
+    from kn_cuda_eval.cpu.passes import fuse
+    from kn_cuda_eval.planning.program import Bin, Const, Load, Un
 
     E = fuse.ELTWISE
     ld = Load(0, F32)
@@ -400,7 +401,7 @@ def _act_graph(kind: str, keep_x: bool = True) -> Graph:
 def _agrees(p: object, k: int) -> bool:
     """Whether step k of plan p is an activation oneDNN computes as the reference does on this
     machine, NaN included (`fuse.agrees`): only those fold."""
-    from kn_cuda_eval.cpu import fuse
+    from kn_cuda_eval.cpu.passes import fuse
 
     s = p.steps[k]  # type: ignore[attr-defined]
     ops = fuse.post_ops(s.program) if isinstance(s, st.Elementwise) else None
@@ -438,7 +439,7 @@ def test_mobilenet_fixture_folds_its_relu6_where_it_keeps_nan() -> None:
 def test_an_activation_over_the_convolutions_input_moves_to_a_scratch_slot() -> None:
     """The planner's ping-pong: y = silu(conv(x)) takes x's bytes, which the convolution still
     reads; folded, the result goes to a slot past the arena and y's readers read it there."""
-    from kn_cuda_eval.cpu import fuse
+    from kn_cuda_eval.cpu.passes import fuse
 
     g = _act_graph("silu", keep_x=False)
     p = plan(g)
@@ -467,8 +468,8 @@ def test_a_moved_activation_may_be_partly_overwritten_once_dead() -> None:
     later step writing part of y's bytes after its last read ends it (EfficientNet: the
     projection's smaller output over the depthwise activation's bytes), but not while the rest
     of y is still read."""
-    from kn_cuda_eval.cpu import fuse
-    from kn_cuda_eval.view import StridedView
+    from kn_cuda_eval.cpu.passes import fuse
+    from kn_cuda_eval.planning.view import StridedView
 
     f32 = DType.F32
     y = StridedView.dense(0, (1024,), f32)

@@ -11,9 +11,9 @@ import pytest
 
 from kn_cuda_eval.cpu import onednn
 from kn_cuda_eval.cpu.executor import HostPreparedGraph
-from kn_graph.cpu import evaluate
 from kn_graph.dtype import DType
 from kn_graph.graph import Graph
+from kn_graph.reference import evaluate
 from kn_graph.shape import Shape, Size
 from kn_runtime import Device
 from tests.cuda_eval.helpers import assert_close, mapping_fields

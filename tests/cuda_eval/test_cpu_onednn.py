@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import plan
-from kn_cuda_eval import steps as st
 from kn_cuda_eval.cpu import onednn
-from kn_cuda_eval.emulator import emulate_step, load_arena, view_array
-from kn_cuda_eval.gemm import plan_gemm
-from kn_cuda_eval.view import StridedView
+from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.emulator import emulate_step, load_arena, view_array
+from kn_cuda_eval.planning.gemm import plan_gemm
+from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, KnError
 from kn_graph.optimizer import optimize
@@ -348,7 +348,7 @@ def test_executor_runs_convolutions_and_gemms_where_onednn_implements_them(dt: D
     convolution and NumPy's matmul do (F16 on AVX-512 without FP16, AVX2), with equal results."""
     from kn_cuda_eval.cpu.executor import HostExecutor
     from kn_graph import Graph
-    from kn_graph.cpu import evaluate
+    from kn_graph.reference import evaluate
     from tests.cuda_eval.helpers import assert_close
 
     rng = np.random.default_rng(3)

@@ -19,7 +19,7 @@ from kn_cuda_eval import PlanSettings, plan
 from kn_cuda_eval.cpu import build
 from kn_cuda_eval.cpu.executor import HostExecutor
 from kn_graph import DType, Graph, ReduceOp, Shape, UnaryOp
-from kn_graph.cpu import evaluate
+from kn_graph.reference import evaluate
 from tests.cuda_eval.helpers import assert_close
 
 pytestmark = pytest.mark.skipif(build.pool() is None, reason="no C compiler or no futex")

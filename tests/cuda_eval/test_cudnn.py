@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kn_cuda_eval import plan, steps
-from kn_cuda_eval.cudnn import (
+from kn_cuda_eval import plan
+from kn_cuda_eval.cuda.cudnn import (
     PROTOTYPES,
     ConvGeometry,
     CudnnError,
@@ -22,7 +22,8 @@ from kn_cuda_eval.cudnn import (
     conv_output_dims,
     load_cudnn,
 )
-from kn_cuda_eval.cudnn.lib import DataType
+from kn_cuda_eval.cuda.cudnn.lib import DataType
+from kn_cuda_eval.planning import steps
 from kn_graph import DType, Graph, Shape
 from kn_graph.errors import CudaUnavailableError
 from tests.cuda_eval.corpus import FIXTURES, datasets, load
@@ -209,7 +210,7 @@ def test_a_pathfinder_that_knows_cudnn_is_asked_first(
 
 # -- the real library (host side only) ----------------------------------------------------------------
 def _real() -> CudnnLib:
-    from kn_cuda_eval.cudnn import load_cudnn
+    from kn_cuda_eval.cuda.cudnn import load_cudnn
     from kn_graph.errors import CudaUnavailableError
 
     try:

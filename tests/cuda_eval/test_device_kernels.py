@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import PlanSettings, emulate, plan
-from kn_cuda_eval.device.calls import pack_args
-from kn_cuda_eval.kernels import FloatArg, IntArg, PtrArg
+from kn_cuda_eval.cuda.device.calls import pack_args
+from kn_cuda_eval.cuda.kernels import FloatArg, IntArg, PtrArg
 from kn_graph import BinaryOp, DType, Graph, ReduceOp, Shape, Size, UnaryOp
 from kn_graph.optimizer import optimize
 from tests.cuda_eval.corpus import FIXTURES, datasets, load
@@ -27,8 +27,8 @@ def test_marshalling_of_launch_arguments() -> None:
 
 def run_on_device(p, xs, graphs: bool = False):  # type: ignore[no-untyped-def]
     """Two evaluations (with graphs: a warm-up, then a captured replay); the last one's outputs."""
-    from kn_cuda_eval.device import ExecutorSettings
-    from kn_cuda_eval.device.executor import CudaExecutor
+    from kn_cuda_eval.cuda.device import ExecutorSettings
+    from kn_cuda_eval.cuda.device.executor import CudaExecutor
 
     with CudaExecutor.from_plan(p, settings=ExecutorSettings(cuda_graphs=graphs)) as ex:
         ex.eval(xs)

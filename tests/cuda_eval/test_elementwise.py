@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kn_cuda_eval import plan, steps
+from kn_cuda_eval import plan
+from kn_cuda_eval.cuda.kernels.dispatch import plan_launches
+from kn_cuda_eval.planning import steps
 from kn_graph import BinaryOp, DType, Graph, Shape, Size, UnaryOp
 from tests.cuda_eval.helpers import check_plan
 
@@ -225,7 +227,7 @@ def test_f16_chain_computes_in_f32() -> None:
     x = _input(g, (64,), DType.F16)
     g.add_output(g.gelu(g.mul(g.add(x, 0.1), 3.0)), "y")
     (p, _) = check_plan(g, [_data((64,), DType.F16)])
-    src = p.kernels()[0].kernel.source
+    src = plan_launches(p)[0].kernel.source
     assert "__half2float" in src and "__float2half" in src
 
 

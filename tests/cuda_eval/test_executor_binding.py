@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import PlanSettings, plan
-from kn_cuda_eval.cudnn.lib import ActivationMode, ConvFwdAlgo, MathType
-from kn_cuda_eval.device import ExecutorSettings, bind
-from kn_cuda_eval.device import calls as c
-from kn_cuda_eval.kernels import IntArg, PtrArg
-from kn_cuda_eval.memory import ALIGN
+from kn_cuda_eval.cuda.cudnn.lib import ActivationMode, ConvFwdAlgo, MathType
+from kn_cuda_eval.cuda.device import ExecutorSettings, bind
+from kn_cuda_eval.cuda.device import calls as c
+from kn_cuda_eval.cuda.kernels import IntArg, PtrArg
+from kn_cuda_eval.planning.memory import ALIGN
 from kn_graph import DType, Graph, Shape
 from kn_graph.errors import PlanError
 from tests.cuda_eval.corpus import FIXTURES, fixture_plans
@@ -76,7 +76,7 @@ def test_gemm_argument_tuples_follow_cupys_signatures(batch: int) -> None:
         from cupy.cuda import cublas
     except Exception as e:
         pytest.skip(f"CuPy's cuBLAS binding is not importable here: {e}")
-    from kn_cuda_eval.device.cublas import PROTOTYPES
+    from kn_cuda_eval.cuda.device.cublas import PROTOTYPES
 
     g = Graph()
     a = g.input(Shape.of(batch, 5, 7), DType.F32, "a")

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from kn_cuda_eval.device.api import D2D, D2H, H2D, CupyApi
-from kn_cuda_eval.device.cublas import PROTOTYPES, CublasLib, _loaded_paths
+from kn_cuda_eval.cuda.device.api import D2D, D2H, H2D, CupyApi
+from kn_cuda_eval.cuda.device.cublas import PROTOTYPES, CublasLib, _loaded_paths
 from kn_graph.errors import CudaUnavailableError
 from tests.cuda_eval.fake_device import FakeApi, FakeCublasC
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import emulate
-from kn_cuda_eval.device import ExecutorSettings
+from kn_cuda_eval.cuda.device import ExecutorSettings
 from kn_graph import DType, Graph, Shape, UnaryOp
 from kn_graph.errors import EvaluationError, InputMismatchError
 from kn_runtime import Device
@@ -25,7 +25,7 @@ RNG = np.random.default_rng(21)
 
 def _ex(g: Graph, **settings: object):  # type: ignore[no-untyped-def]
     need_gpu()
-    from kn_cuda_eval.device.executor import CudaExecutor
+    from kn_cuda_eval.cuda.device.executor import CudaExecutor
 
     return CudaExecutor(g, settings=ExecutorSettings(**settings))  # type: ignore[arg-type]
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import emulate, plan
-from kn_cuda_eval.cudnn.lib import ConvFwdAlgo, MathType
-from kn_cuda_eval.device import ExecutorSettings
-from kn_cuda_eval.device.calls import CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32
-from kn_cuda_eval.device.executor import CudaExecutor
+from kn_cuda_eval.cuda.cudnn.lib import ConvFwdAlgo, MathType
+from kn_cuda_eval.cuda.device import ExecutorSettings
+from kn_cuda_eval.cuda.device.calls import CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32
+from kn_cuda_eval.cuda.device.executor import CudaExecutor
 from kn_graph import DType, Graph, Shape, Size
 from kn_graph.errors import CudaUnavailableError, EvaluationError, InputMismatchError
 from tests.cuda_eval.fake_device import FakeApi
@@ -354,7 +354,9 @@ def test_a_missing_cudnn_fails_only_plans_with_convolutions(
         r"cuDNN: cuDNN \(libcudnn.so.9\) could not be loaded: nowhere",
     ):
         CudaExecutor(_mixed_graph(), api=fake)
-    probe_module = importlib.import_module("kn_cuda_eval.device.probe")  # the function shadows it
+    probe_module = importlib.import_module(
+        "kn_cuda_eval.cuda.device.probe"
+    )  # the function shadows it
 
     monkeypatch.setattr(probe_module, "_api", lambda: fake)
     assert probe_module.probe(0) is None  # the device itself is usable

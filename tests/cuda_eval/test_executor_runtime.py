@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-import kn_cuda_eval.device.executor as executor_module
-from kn_cuda_eval.device import calls
-from kn_cuda_eval.device.__main__ import main as device_main
+import kn_cuda_eval.cuda.device.executor as executor_module
+from kn_cuda_eval.cuda.device import calls
+from kn_cuda_eval.cuda.device.__main__ import main as device_main
 from kn_graph import DType, Graph, Shape, Size
 from kn_graph.errors import CudaUnavailableError, InputMismatchError, KnError
 from kn_runtime import Device
@@ -31,7 +31,7 @@ def _no_gpu() -> str:
 
 def test_importing_the_device_package_loads_no_cupy() -> None:
     code = (
-        "import sys, kn_cuda_eval.device as d, kn_runtime; d.bind; d.ExecutorSettings(); "
+        "import sys, kn_cuda_eval.cuda.device as d, kn_runtime; d.bind; d.ExecutorSettings(); "
         "print('cupy' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

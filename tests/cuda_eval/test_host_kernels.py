@@ -1,4 +1,4 @@
-"""Generated kernels executed on the CPU (kn_cuda_eval.kernels.host): the CUDA semantics of the
+"""Generated kernels executed on the CPU (kn_cuda_eval.cuda.hostcheck): the CUDA semantics of the
 host header (fibers at barriers, lockstep warps, f16 rounding, launch checks), the disk cache,
 deliberately wrong kernels reported as mismatches, and `host_check` over the built-in small-grid
 cases and the whole test corpus."""
@@ -16,14 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kn_cuda_eval import plan, steps
-from kn_cuda_eval.emulator import load_arena
-from kn_cuda_eval.kernels import FloatArg, IntArg, Kernel, KernelLaunch, PtrArg, launch
-from kn_cuda_eval.kernels import host_check as hc
-from kn_cuda_eval.kernels.host import check as hk
-from kn_cuda_eval.kernels.host import check_plan, run_launch, unavailable
-from kn_cuda_eval.kernels.host import compile as hb
-from kn_cuda_eval.plan import Plan
+from kn_cuda_eval import plan
+from kn_cuda_eval.cuda.hostcheck import check as hk
+from kn_cuda_eval.cuda.hostcheck import check_plan, run_launch, unavailable
+from kn_cuda_eval.cuda.hostcheck import compile as hb
+from kn_cuda_eval.cuda.hostcheck import sweep as hc
+from kn_cuda_eval.cuda.kernels import FloatArg, IntArg, Kernel, KernelLaunch, PtrArg, launch
+from kn_cuda_eval.cuda.kernels.dispatch import plan_launches
+from kn_cuda_eval.planning import steps
+from kn_cuda_eval.planning.emulator import load_arena
+from kn_cuda_eval.planning.plan import Plan
 from kn_graph import DType, Graph, ReduceOp, Shape
 from kn_graph.errors import EvaluationError, KernelCompileError
 
@@ -221,7 +223,7 @@ def test_a_wrong_row_kernel_is_a_mismatch(monkeypatch, old: str, new: str) -> No
     x = g.input(Shape.of(300, 40), DType.F32, "x")
     g.add_output(g.reduce(x, [1], ReduceOp.SUM), "r")
     p = plan(g)
-    assert p.kernels()[0].grid == (8, 1, 1)
+    assert plan_launches(p)[0].grid == (8, 1, 1)
     assert _problems(p, [f32(300, 40)]) == []
     _mutate(monkeypatch, old, new)
     assert _problems(p, [f32(300, 40)])
@@ -251,7 +253,7 @@ def test_the_arena_is_the_emulators() -> None:
     p = plan(g)
     xs = [f32(3, 4)]
     arena = load_arena(p, xs)
-    run_launch(p.kernels()[0], arena)
+    run_launch(plan_launches(p)[0], arena)
     out = p.outputs[0]
     got = arena[out.offset : out.offset + out.nbytes].view(np.float32).reshape(4, 3)
     assert (got == xs[0].T * 2).all()
@@ -284,7 +286,7 @@ def test_host_check_corpus() -> None:
     every distinct kernel of the fixture corpus and the planner tests, about 570."""
     root = Path(__file__).parents[2]
     res = subprocess.run(
-        [sys.executable, "-m", "kn_cuda_eval.kernels.host_check", "--corpus"],
+        [sys.executable, "-m", "kn_cuda_eval.cuda.hostcheck.sweep", "--corpus"],
         cwd=root,
         capture_output=True,
         text=True,

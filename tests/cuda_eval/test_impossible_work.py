@@ -27,12 +27,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import kn_cuda_eval.limits as limits
+import kn_cuda_eval.planning.limits as limits
 from kn_cuda_eval import plan
-from kn_cuda_eval import steps as st
+from kn_cuda_eval.planning import steps as st
 from kn_graph import DType, Graph, ReduceOp, Shape, UnaryOp
-from kn_graph.cpu import evaluate
 from kn_graph.errors import EvaluationError, PlanError
+from kn_graph.reference import evaluate
 from kn_runtime import Device
 from tests.cuda_eval.helpers import assert_close, check_plan
 
@@ -290,7 +290,7 @@ def test_an_output_broadcast_from_one_element_is_refused_before_copying_it(
     worker: _Worker,
 ) -> None:
     # the plan's output is a free stride-0 view of the input; the executor's fresh copy of it
-    # would be 4 TiB (the reference evaluator makes the same copy: kn_graph.cpu.evaluate)
+    # would be 4 TiB (the reference evaluator makes the same copy: kn_graph.reference.evaluate)
     msg = _refused(_run(worker, "Tile([1])", "fast"), "Tile([1]) on Device.cpu()")
     assert "output 'y' f32[1099511627776]" in msg and "4,398,046,511,104 bytes" in msg, msg
 

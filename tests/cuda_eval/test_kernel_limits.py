@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import plan
-from kn_cuda_eval.device.calls import bind
-from kn_cuda_eval.kernels import FloatArg, IntArg, KernelLaunch, launch
-from kn_cuda_eval.kernels.compile import compile_kernel
+from kn_cuda_eval.cuda.device.calls import bind
+from kn_cuda_eval.cuda.kernels import FloatArg, IntArg, KernelLaunch, launch
+from kn_cuda_eval.cuda.kernels.compile import compile_kernel
+from kn_cuda_eval.cuda.kernels.dispatch import plan_launches
 from kn_graph import DType, Graph, Shape
 from kn_graph.ops import ReduceOp
 from tests.cuda_eval.helpers import check_plan
@@ -40,7 +41,7 @@ def _row_graph(kind: str, rows: int, ncols: int, dt: DType = DType.F32) -> Graph
 
 
 def _only_launch(g: Graph) -> KernelLaunch:
-    (ln,) = plan(g).kernels()
+    (ln,) = plan_launches(plan(g))
     return ln
 
 
@@ -141,7 +142,7 @@ def test_f64_attention_accumulates_in_double() -> None:
     q = g.input(Shape.of(2, 6, 40), DType.F64, "q")
     g.add_output(g.attention(q, q, q, None, 1 / 3, False), "o")
     p = plan(g)
-    (ln,) = p.kernels()
+    (ln,) = plan_launches(p)
     src = ln.kernel.source
     for decl in ("const double scale", "double acc[DVL]", "double mx", "double dot", "exp(mx"):
         assert decl in src, decl
@@ -154,7 +155,7 @@ def test_f64_attention_accumulates_in_double() -> None:
     f32 = Graph()
     q32 = f32.input(Shape.of(2, 6, 40), DType.F32, "q")
     f32.add_output(f32.attention(q32, q32, q32, None, 1 / 3, False), "o")
-    (ln32,) = plan(f32).kernels()
+    (ln32,) = plan_launches(plan(f32))
     assert "float acc[DVL]" in ln32.kernel.source and FloatArg(1 / 3, 32) in ln32.args
     x = np.random.default_rng(5).standard_normal((2, 6, 40))
     check_plan(g, [x])

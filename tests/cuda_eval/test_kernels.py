@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import plan
-from kn_cuda_eval.kernels import FloatArg, IntArg, Kernel, PtrArg, distinct_kernels
-from kn_cuda_eval.kernels import compile as kc
-from kn_cuda_eval.kernels.template import CodeWriter, fill
+from kn_cuda_eval.codegen.template import CodeWriter, fill
+from kn_cuda_eval.cuda.kernels import FloatArg, IntArg, Kernel, PtrArg, distinct_kernels
+from kn_cuda_eval.cuda.kernels import compile as kc
+from kn_cuda_eval.cuda.kernels.dispatch import plan_launches
 from kn_graph import DType, Graph, Shape, Size
 from kn_graph.errors import KernelCompileError
 
@@ -71,8 +72,8 @@ def _model() -> Graph:
 
 def test_kernels_are_shared_across_batch_sizes() -> None:
     g = _model()
-    k1 = {k.name for k in distinct_kernels(plan(g, 1).kernels())}
-    k8 = {k.name for k in distinct_kernels(plan(g, 8).kernels())}
+    k1 = {k.name for k in distinct_kernels(plan_launches(plan(g, 1)))}
+    k8 = {k.name for k in distinct_kernels(plan_launches(plan(g, 8)))}
     assert k1 == k8 and len(k1) == 2
 
 
@@ -81,7 +82,7 @@ def test_launch_arguments_follow_the_plan() -> None:
     x = g.input(Shape.of(4, 6), DType.F32, "x")
     g.add_output(g.mul(g.permute(x, [1, 0]), 3.0), "y")
     p = plan(g)
-    (launch,) = p.kernels()
+    (launch,) = plan_launches(p)
     (step,) = p.steps
     ptrs = [a.offset for a in launch.args if isinstance(a, PtrArg)]
     assert ptrs == [step.outputs[0].offset, step.inputs[0].offset]
@@ -96,7 +97,7 @@ def test_attention_kernel_takes_scale_as_argument() -> None:
     g = Graph()
     q = g.input(Shape.of(2, 3, 64), DType.F16, "q")
     g.add_output(g.attention(q, q, q, None, 0.125, True), "o")
-    (launch,) = plan(g).kernels()
+    (launch,) = plan_launches(plan(g))
     assert FloatArg(0.125) in launch.args
     assert "#define DVL 2" in launch.kernel.source
     from tests.cuda_eval.helpers import check_plan

@@ -7,8 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kn_cuda_eval import PlanSettings, plan, steps
-from kn_cuda_eval.kernels import distinct_kernels
+from kn_cuda_eval import PlanSettings, plan
+from kn_cuda_eval.cuda.kernels import distinct_kernels
+from kn_cuda_eval.cuda.kernels.dispatch import plan_launches
+from kn_cuda_eval.planning import steps
 from kn_graph import BinaryOp, DType, Graph, ReduceOp, Shape, Size, UnaryOp
 from tests.cuda_eval.helpers import check_plan, compile_all
 
@@ -198,7 +200,7 @@ def test_tensor_past_2_31_elements_is_planned_with_64_bit_indexing() -> None:
     g.add_output(g.softmax(g.slice(y, 2, 0, None, 2), 2), "s")
     p = plan(g, 1)
     p.validate()
-    launches = p.kernels()
+    launches = plan_launches(p)
     assert all("typedef long long kn_idx;" in k.kernel.source for k in launches)
     compile_all(p)
     assert len(distinct_kernels(launches)) == 3
@@ -210,5 +212,5 @@ def test_small_tensors_use_32_bit_indexing() -> None:
     g = Graph()
     x = g.input(Shape.of(4, 4), DType.F32, "x")
     g.add_output(g.binary(BinaryOp.ADD, x, x), "y")
-    (launch,) = plan(g).kernels()
+    (launch,) = plan_launches(plan(g))
     assert "typedef int kn_idx;" in launch.kernel.source

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import BufferKind, StridedView, emulate, plan
-from kn_cuda_eval.memory import align, lower_bound, pack
-from kn_cuda_eval.view import coalesce, reshape_strides
+from kn_cuda_eval.planning.memory import align, lower_bound, pack
+from kn_cuda_eval.planning.view import coalesce, reshape_strides
 from kn_graph import DType, Graph, ReduceOp, Shape, Size
 from kn_graph.errors import PlanError
 from kn_graph.optimizer import optimize

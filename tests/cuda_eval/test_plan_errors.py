@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import PlanSettings, emulate, plan
-from kn_cuda_eval import emulator as emu
-from kn_cuda_eval import validate as val
+from kn_cuda_eval.planning import emulator as emu
+from kn_cuda_eval.planning import validate as val
 from kn_graph import DType, Graph, ReduceOp, Shape, Size
 from kn_graph.errors import ArgumentTypeError, ArgumentValueError, EvaluationError, PlanError
 from tests.cuda_eval.helpers import run_fake

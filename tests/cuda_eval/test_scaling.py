@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval import PlanSettings, StridedView, emulate, plan
-from kn_cuda_eval import memory as mem
-from kn_cuda_eval import steps as st
-from kn_cuda_eval.emulator_ops import eval_program
-from kn_cuda_eval.lazy import Lazy, combine
-from kn_cuda_eval.memory import Buffer, BufferKind, align, pack
-from kn_cuda_eval.program import Bin, Un
-from kn_cuda_eval.validate import _check_buffers
+from kn_cuda_eval.planning import memory as mem
+from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.emulator_ops import eval_program
+from kn_cuda_eval.planning.lazy import Lazy, combine
+from kn_cuda_eval.planning.memory import Buffer, BufferKind, align, pack
+from kn_cuda_eval.planning.program import Bin, Un
+from kn_cuda_eval.planning.validate import _check_buffers
 from kn_graph import BinaryOp, DType, Graph, Shape, UnaryOp
-from kn_graph.cpu import evaluate
 from kn_graph.errors import PlanError
+from kn_graph.reference import evaluate
 from tests.cuda_eval.big_graphs import chain_graph, general_graph, inputs_for
 from tests.cuda_eval.helpers import assert_close, check_plan
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kn_cuda_eval import PlanSettings, steps
+from kn_cuda_eval import PlanSettings
+from kn_cuda_eval.cuda.kernels.dispatch import plan_launches
+from kn_cuda_eval.planning import steps
 from kn_graph import DType, Graph, ReduceOp, Shape, Size
 from tests.cuda_eval.helpers import check_plan
 
@@ -205,7 +207,7 @@ def test_long_rows_use_a_block_per_row() -> None:
     g.add_output(g.layernorm(x, 1, 1e-5), "l")
     g.add_output(g.reduce(x, [1], ReduceOp.ARGMAX), "a")
     (p, _) = check_plan(g, [f32(3, 5000)])
-    assert all("#define TPR 256" in k.kernel.source for k in p.kernels())
+    assert all("#define TPR 256" in k.kernel.source for k in plan_launches(p))
 
 
 def test_softmax_absorbs_scale_and_mask() -> None:

@@ -10,8 +10,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from kn_graph.cpu import evaluate
 from kn_graph.onnx import load_onnx
+from kn_graph.reference import evaluate
 
 
 def model(

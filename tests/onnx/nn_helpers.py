@@ -10,9 +10,9 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from kn_graph.cpu import evaluate
 from kn_graph.graph import Graph
 from kn_graph.onnx import load_onnx
+from kn_graph.reference import evaluate
 
 Dims = Sequence[int | str]
 RNG = np.random.default_rng(1234)

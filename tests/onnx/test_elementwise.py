@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from kn_graph.cpu import evaluate
 from kn_graph.errors import UnsupportedOnnxError
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import Binary, BinaryOp, Select, View
+from kn_graph.reference import evaluate
 from kn_graph.shape import Shape, Size
 from tests.onnx.helpers import check, model, node, ours
 

@@ -9,9 +9,9 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-from kn_graph.cpu import evaluate
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import View
+from kn_graph.reference import evaluate
 from kn_graph.shape import Shape, Size
 from tests.onnx.helpers import check, model, ours
 

@@ -12,11 +12,11 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from kn_graph.cpu import evaluate
 from kn_graph.errors import ShapeMismatchError, StaticInputRequiredError, UnsupportedOnnxError
 from kn_graph.graph import Graph
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import Broadcast, View
+from kn_graph.reference import evaluate
 from kn_graph.shape import Shape, Size
 from kn_runtime import Device
 

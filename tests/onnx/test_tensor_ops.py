@@ -7,9 +7,9 @@ import onnx
 import pytest
 from onnx import helper
 
-from kn_graph.cpu import evaluate
 from kn_graph.errors import EvaluationError, UnsupportedOnnxError
 from kn_graph.onnx import load_onnx
+from kn_graph.reference import evaluate
 from kn_graph.shape import Shape, Size
 from kn_runtime import Device
 from tests.onnx.test_shape_ops import check, i64, make_model, node

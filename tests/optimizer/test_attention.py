@@ -15,10 +15,10 @@ import pytest
 
 from kn_graph import DType, Graph, GraphError, Shape, Size, Value
 from kn_graph.attention import decompose_attention
-from kn_graph.cpu import evaluate
 from kn_graph.ops import Attention, BinaryOp, Input
 from kn_graph.optimizer import optimize
 from kn_graph.optimizer.attention import decompose_attention_ops
+from kn_graph.reference import evaluate
 from tests.optimizer.util import assert_same, only, op_counts
 
 B = Size.sym("B")

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from kn_graph import DType, Graph, Shape, Size
-from kn_graph.cpu import evaluate
 from kn_graph.ops import Value
 from kn_graph.optimizer import optimize
+from kn_graph.reference import evaluate
 from tests.optimizer.util import assert_same, only, op_counts
 
 B = Size.sym("B")

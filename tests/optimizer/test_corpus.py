@@ -14,10 +14,10 @@ import onnx
 import pytest
 
 from kn_graph import Graph
-from kn_graph.cpu import evaluate
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import Binary, BinaryOp, Broadcast, Constant, Conv, Value, View
 from kn_graph.optimizer import optimize
+from kn_graph.reference import evaluate
 from tests.cuda_eval.corpus import cases
 from tests.optimizer.util import op_counts
 

@@ -9,9 +9,9 @@ from collections import Counter
 import numpy as np
 
 from kn_graph import Graph
-from kn_graph.cpu import evaluate
 from kn_graph.ops import Binary, Reduce, Unary
 from kn_graph.optimizer import OptimizerSettings
+from kn_graph.reference import evaluate
 
 REWRITE_FLAGS = (
     "fold_constants",

@@ -1,0 +1,3 @@
+"""The one code generator of both backends: the expression table (`exprs`: an op and dtype to a
+C expression), the program printer (`printer`), strict templates and an indented writer
+(`template`) and the on-disk cache (`cache`). It imports the plan's records, never a backend."""

@@ -1,0 +1,61 @@
+"""Which links of a conv → +bias → +residual → relu chain fold into one cuDNN call
+(`cudnnConvolutionBiasActivationForward` computes act(conv(x, w) + z + bias))."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kn_cuda_eval.planning.view import StridedView
+from kn_graph.ops import Binary, BinaryOp
+
+if TYPE_CHECKING:
+    from kn_cuda_eval.planning.planner import _Planner
+
+__all__ = ["ConvFusion", "conv_fusion"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConvFusion:
+    length: int
+    """How many values of the chain the conv step computes (1: the conv alone)."""
+    bias: StridedView | None
+    residual: StridedView | None
+    relu: bool
+
+
+def _channel_vector(s: object, shape: tuple[int, ...]) -> StridedView | None:
+    """The dense [K] vector behind a per-channel broadcast [N, K, *1] → [N, K, *spatial]."""
+    if not isinstance(s, StridedView) or s.shape != shape or len(shape) < 3:
+        return None
+    if any(st != 0 for a, st in enumerate(s.strides) if a != 1 and shape[a] != 1):
+        return None
+    if shape[1] != 1 and s.strides[1] != 1:
+        return None
+    return StridedView(s.offset, (shape[1],), (1,), s.dtype)
+
+
+def conv_fusion(p: _Planner, chain: list[int]) -> ConvFusion:
+    """Walk the chain while each link can fold: a per-channel add is the bias, a dense add of the
+    full shape the residual, max with 0 the relu (which ends the chain)."""
+    shape = p.shape(chain[0])
+    bias: StridedView | None = None
+    residual: StridedView | None = None
+    length = 1
+    for pos in range(1, len(chain)):
+        op = p.g[p.val(chain[pos])].op
+        assert isinstance(op, Binary)
+        other = op.b if op.a.index == chain[pos - 1] else op.a
+        if op.op is BinaryOp.MAX:
+            if p.s.fuse_conv_relu and p.g.scalar_value(other) == 0 and p.g[other].dtype.is_float:
+                return ConvFusion(pos + 1, bias, residual, True)
+            break
+        s = p.state[other.index]
+        if bias is None and (vec := _channel_vector(s, shape)) is not None:
+            bias = vec
+        elif residual is None and isinstance(s, StridedView) and s.shape == shape and s.is_dense():
+            residual = s
+        else:
+            break
+        length = pos + 1
+    return ConvFusion(length, bias, residual, False)
