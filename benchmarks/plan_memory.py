@@ -28,7 +28,7 @@ from kn_cuda_eval import plan  # noqa: E402
 from kn_cuda_eval.cuda.kernels import distinct_kernels  # noqa: E402
 from kn_cuda_eval.cuda.kernels.dispatch import plan_launches  # noqa: E402
 from kn_graph.optimizer import optimize  # noqa: E402
-from tests.cuda_eval.corpus import FIXTURES, datasets, load  # noqa: E402
+from tests.kn_cuda_eval.corpus import FIXTURES, datasets, load  # noqa: E402
 
 
 def _kb(n: int) -> str:

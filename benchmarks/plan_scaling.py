@@ -36,7 +36,7 @@ from kn_cuda_eval.cuda.kernels.dispatch import plan_launches  # noqa: E402
 
 
 def _big_graphs():  # type: ignore[no-untyped-def]
-    """tests/cuda_eval/big_graphs.py of this checkout, by path (the other side may lack it)."""
+    """tests/kn_cuda_eval/big_graphs.py of this checkout, by path (the other side may lack it)."""
     spec = importlib.util.spec_from_file_location(
         "big_graphs", ROOT / "tests" / "cuda_eval" / "big_graphs.py"
     )
@@ -76,7 +76,7 @@ def scaling(kinds: list[str], sizes: list[int], repeat: int) -> list[dict]:
 def corpus_validate(repeat: int) -> dict:
     """Planning and validation time over the corpus (every data set, as given and optimized)."""
     from kn_graph.optimizer import optimize
-    from tests.cuda_eval.corpus import FIXTURES, cases
+    from tests.kn_cuda_eval.corpus import FIXTURES, cases
 
     t_plan = t_val = 0.0
     n = 0

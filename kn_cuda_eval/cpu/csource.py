@@ -36,7 +36,7 @@ from kn_cuda_eval.codegen import exprs
 from kn_cuda_eval.codegen.printer import print_program
 from kn_cuda_eval.codegen.template import CodeWriter
 from kn_cuda_eval.planning import steps as st
-from kn_cuda_eval.planning.program import Bin, Const, Index, Instr, Load, Program, Sel, Un, prune
+from kn_cuda_eval.planning.program import Const, Index, Instr, Load, Program, Un, prune
 from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.ops import ReduceOp, UnaryOp
@@ -298,19 +298,16 @@ def _hoisted(s: st.Elementwise) -> list[int]:
             case Const():
                 fixed.append(True)
                 heavy.append(False)
-            case Un(op, x):
-                fixed.append(fixed[x])
-                heavy.append(heavy[x] or op in _HEAVY)
-            case Bin(_, x, y):
-                fixed.append(fixed[x] and fixed[y])
-                heavy.append(heavy[x] or heavy[y])
-            case Sel(c, x, y):
-                fixed.append(fixed[c] and fixed[x] and fixed[y])
-                heavy.append(heavy[c] or heavy[x] or heavy[y])
+            case _:
+                fixed.append(all(fixed[x] for x in ins.operands))
+                heavy.append(
+                    any(heavy[x] for x in ins.operands)
+                    or (isinstance(ins, Un) and ins.op in _HEAVY)
+                )
     used_by_moving: set[int] = set(i for i in prog.roots)
     for i, ins in enumerate(prog.instrs):
         if not fixed[i]:
-            used_by_moving.update(_operands(ins))
+            used_by_moving.update(ins.operands)
     # (a table holds the compute type, and a load converts only from a storage type: no f16)
     same = [exprs.load(ins.dtype, "x") == "x" for ins in prog.instrs]
     return [
@@ -318,17 +315,6 @@ def _hoisted(s: st.Elementwise) -> list[int]:
         for i in range(len(prog.instrs))
         if fixed[i] and heavy[i] and same[i] and i in used_by_moving
     ]
-
-
-def _operands(ins: Instr) -> tuple[int, ...]:
-    match ins:
-        case Un(_, x):
-            return (x,)
-        case Bin(_, x, y):
-            return (x, y)
-        case Sel(c, x, y):
-            return (c, x, y)
-    return ()
 
 
 def _elementwise(s: st.Elementwise) -> CCall:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import scipy.special
 
-from kn_cuda_eval.planning.program import Bin, Const, Index, Instr, Load, Program, Sel, Un
+from kn_cuda_eval.planning.program import Bin, Const, Index, Load, Program, Sel, Un
 from kn_graph.dtype import DType, float_to_int
 from kn_graph.ops import BinaryOp, UnaryOp
 
@@ -210,7 +210,7 @@ def eval_program(
     n = len(prog.instrs)
     last = list(range(n))
     for k, ins in enumerate(prog.instrs):
-        for x in _operands(ins):
+        for x in ins.operands:
             last[x] = k
     for r in prog.roots:
         last[r] = n
@@ -237,19 +237,7 @@ def eval_program(
                     v = np.where(vals[c], vals[a], vals[b])
             vals.append(np.asarray(v).astype(compute_dtype(ins.dtype), copy=False))
             dts.append(ins.dtype)
-            for x in _operands(ins):
+            for x in ins.operands:
                 if last[x] == k:
                     vals[x] = _FREED
     return vals
-
-
-def _operands(ins: Instr) -> tuple[int, ...]:
-    match ins:
-        case Un(_, x):
-            return (x,)
-        case Bin(_, a, b):
-            return (a, b)
-        case Sel(c, a, b):
-            return (c, a, b)
-        case _:
-            return ()

@@ -84,14 +84,8 @@ class Lazy:
                     node = loads.setdefault(arg, Node(ins))
                 case Index(arg):
                     node = indices.setdefault(arg, Node(ins))
-                case Const():
-                    node = Node(ins)
-                case Un(_, x):
-                    node = Node(ins, (nodes[x],))
-                case Bin(_, a, b):
-                    node = Node(ins, (nodes[a], nodes[b]))
-                case Sel(c, a, b):
-                    node = Node(ins, (nodes[c], nodes[a], nodes[b]))
+                case _:
+                    node = Node(ins, tuple(nodes[x] for x in ins.operands))
             nodes.append(node)
         return Lazy(
             e.shape,

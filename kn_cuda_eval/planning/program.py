@@ -33,17 +33,41 @@ class Load:
     arg: int
     dtype: DType
 
+    @property
+    def operands(self) -> tuple[int, ...]:
+        """The values this instruction reads (none: it reads memory or is a constant)."""
+        return ()
+
+    def with_operands(self, ops: Sequence[int]) -> Load:
+        return self
+
 
 @dataclass(frozen=True, slots=True)
 class Index:
     arg: int
     dtype: DType
 
+    @property
+    def operands(self) -> tuple[int, ...]:
+        """The values this instruction reads (none: it reads memory or is a constant)."""
+        return ()
+
+    def with_operands(self, ops: Sequence[int]) -> Index:
+        return self
+
 
 @dataclass(frozen=True, slots=True)
 class Const:
     value: float | int | bool
     dtype: DType
+
+    @property
+    def operands(self) -> tuple[int, ...]:
+        """The values this instruction reads (none: it reads memory or is a constant)."""
+        return ()
+
+    def with_operands(self, ops: Sequence[int]) -> Const:
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +78,14 @@ class Un:
     x: int
     dtype: DType
 
+    @property
+    def operands(self) -> tuple[int, ...]:
+        return (self.x,)
+
+    def with_operands(self, ops: Sequence[int]) -> Un:
+        (x,) = ops
+        return Un(self.op, x, self.dtype)
+
 
 @dataclass(frozen=True, slots=True)
 class Bin:
@@ -62,6 +94,14 @@ class Bin:
     b: int
     dtype: DType
 
+    @property
+    def operands(self) -> tuple[int, ...]:
+        return (self.a, self.b)
+
+    def with_operands(self, ops: Sequence[int]) -> Bin:
+        a, b = ops
+        return Bin(self.op, a, b, self.dtype)
+
 
 @dataclass(frozen=True, slots=True)
 class Sel:
@@ -69,6 +109,14 @@ class Sel:
     a: int
     b: int
     dtype: DType
+
+    @property
+    def operands(self) -> tuple[int, ...]:
+        return (self.cond, self.a, self.b)
+
+    def with_operands(self, ops: Sequence[int]) -> Sel:
+        c, a, b = ops
+        return Sel(c, a, b, self.dtype)
 
 
 Instr = Load | Index | Const | Un | Bin | Sel
@@ -132,17 +180,12 @@ class ProgramBuilder:
         for ins in prog.instrs:
             match ins:
                 case Load(arg, dt):
-                    ids.append(self.add(Load(load_map[arg], dt)))
+                    ins = Load(load_map[arg], dt)
                 case Index(arg, dt):
-                    ids.append(self.add(Index(index_map[arg], dt)))
-                case Const():
-                    ids.append(self.add(ins))
-                case Un(op, x, dt):
-                    ids.append(self.add(Un(op, ids[x], dt)))
-                case Bin(op, a, b, dt):
-                    ids.append(self.add(Bin(op, ids[a], ids[b], dt)))
-                case Sel(c, a, b, dt):
-                    ids.append(self.add(Sel(ids[c], ids[a], ids[b], dt)))
+                    ins = Index(index_map[arg], dt)
+                case _:
+                    ins = ins.with_operands([ids[x] for x in ins.operands])
+            ids.append(self.add(ins))
         return ids
 
     def build(self, roots: Sequence[int]) -> Program:
@@ -157,15 +200,8 @@ def prune(p: Program) -> Program:
         need[r] = True
     for i in range(len(p.instrs) - 1, -1, -1):
         if need[i]:
-            match p.instrs[i]:
-                case Un(_, x):
-                    need[x] = True
-                case Bin(_, a, b):
-                    need[a] = need[b] = True
-                case Sel(c, a, b):
-                    need[c] = need[a] = need[b] = True
-                case _:
-                    pass
+            for x in p.instrs[i].operands:
+                need[x] = True
     if all(need):
         return p
     pb = ProgramBuilder()
@@ -173,14 +209,5 @@ def prune(p: Program) -> Program:
     for i, ins in enumerate(p.instrs):
         if not need[i]:
             continue
-        match ins:
-            case Un(op, x, dt):
-                ins = Un(op, ids[x], dt)
-            case Bin(op, a, b, dt):
-                ins = Bin(op, ids[a], ids[b], dt)
-            case Sel(c, a, b, dt):
-                ins = Sel(ids[c], ids[a], ids[b], dt)
-            case _:
-                pass
-        ids[i] = pb.add(ins)
+        ids[i] = pb.add(ins.with_operands([ids[x] for x in ins.operands]))
     return pb.build([ids[r] for r in p.roots])

@@ -4,7 +4,7 @@ oneDNN) against the reference executor's (`Device.cpu(reference=True)`), and the
 
 `difference(got, want, loosest)` is None when they agree, else a short description of the first
 output that does not: same count, shapes and dtypes; integers and bools exactly; floats within
-the tolerance of the parity tests (`tests.cuda_eval.helpers.TOL`, relative to max(1, max |ref|))
+the tolerance of the parity tests (`tests.kn_cuda_eval.helpers.TOL`, relative to max(1, max |ref|))
 of their dtype, or `loosest` when that is larger: `graph_tolerance`, the tolerance of the least
 precise float type the graph computes in (an f64 output of f32 math is as exact as f32); NaN
 exactly where the reference has NaN and infinities equal.
@@ -40,7 +40,7 @@ from kn_graph.ops import (
 )
 from kn_graph.optimizer.core import copy_op
 from kn_runtime import Device
-from tests.cuda_eval.helpers import TOL
+from tests.kn_cuda_eval.helpers import TOL
 
 __all__ = ["difference", "graph_tolerance", "localize", "with_edge_values"]
 

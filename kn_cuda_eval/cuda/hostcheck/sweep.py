@@ -6,7 +6,7 @@ Without `--corpus` it runs the built-in cases (below): rows, attention, gathers 
 loops past a grid capped at `GRID_CAP = 8`, so the row-loop paths run at test sizes. With
 `--corpus` it adds the test corpus, which lives in `tests/` (so run it from the repository root):
 every fixture model, as loaded and optimized, at both of its bindings, and the adversarial
-layouts of the planner tests (`tests/cuda_eval/test_layouts.py`, `test_elementwise.py`,
+layouts of the planner tests (`tests/kn_cuda_eval/planning/test_layouts.py`, `test_elementwise.py`,
 `test_steps.py`: permuted, broadcast, sliced and negative strides, size 0, rank 0, every op and
 dtype), harvested by running those tests with a `check_plan` that records their plans.
 
@@ -185,11 +185,11 @@ def builtin_cases() -> list[Case]:
 # -- the test corpus (tests/, from the repository root) ---------------------------------------
 def corpus_cases(errors: list[str] | None = None) -> list[Case]:
     """The fixture models (as loaded and optimized, both bindings) and the plans the planner
-    tests make. Imports `tests.cuda_eval`: run from the repository root. A fixture that cannot
+    tests make. Imports `tests.kn_cuda_eval`: run from the repository root. A fixture that cannot
     be loaded or planned is appended to `errors` (raised when None)."""
     import importlib
 
-    from tests.cuda_eval.corpus import FIXTURES, cases
+    from tests.kn_cuda_eval.corpus import FIXTURES, cases
 
     out: list[Case] = []
     for fx in FIXTURES:
@@ -201,7 +201,7 @@ def corpus_cases(errors: list[str] | None = None) -> list[Case]:
                 raise
             errors.append(f"fixture {fx['name']}: {type(e).__name__}: {e}")
     for name in PLANNER_TESTS:
-        out += harvest(importlib.import_module(f"tests.cuda_eval.{name}"))
+        out += harvest(importlib.import_module(f"tests.kn_cuda_eval.{name}"))
     return out
 
 
@@ -214,7 +214,7 @@ def harvest(module: ModuleType) -> list[Case]:
         def record(
             graph: Graph, inputs: Inputs, *args: Any, expected: object = None, **kw: Any
         ) -> list[Plan]:
-            """tests.cuda_eval.helpers.check_plan's signature; `expected` is for checking."""
+            """tests.kn_cuda_eval.helpers.check_plan's signature; `expected` is for checking."""
             snapshot = dict(inputs) if isinstance(inputs, Mapping) else list(inputs)
             got = plan_cases(label, graph, snapshot, *args, **kw)  # (tests reuse their lists)
             sink.extend(got)
@@ -329,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--corpus",
         action="store_true",
         help="also the test corpus: the fixture models and the planner tests' plans (imports "
-        "tests.cuda_eval, so run from the repository root)",
+        "tests.kn_cuda_eval, so run from the repository root)",
     )
     ap.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPUs)")
     args = ap.parse_args(argv)

@@ -1,0 +1,192 @@
+"""Memory of the CPU backend under changing shapes: one arena per prepared graph that grows to
+the largest binding, weights packed once for every binding, a bounded cache of executors, and
+memory that really leaves (private mappings: Rss, not pages moved to shared memory)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from kn_cuda_eval.cpu import onednn
+from kn_cuda_eval.cpu.executor import HostPreparedGraph
+from kn_graph.dtype import DType
+from kn_graph.graph import Graph
+from kn_graph.reference import evaluate
+from kn_graph.shape import Shape, Size
+from kn_runtime import Device
+from tests.kn_cuda_eval.helpers import assert_close, mapping_fields
+
+D = 64
+
+
+def _dynamic_model() -> tuple[Graph, list[np.ndarray]]:
+    """[1, C, H, W] image through two convolutions, and [S, D] tokens through a GEMM with
+    constant weights: H, W and S are symbols, so every new size is a new binding."""
+    rng = np.random.default_rng(5)
+    g = Graph()
+    h, w, s = Size.sym("h"), Size.sym("w"), Size.sym("s")
+    x = g.input(Shape.of(1, 16, h, w), DType.F32, "x")
+    t = g.input(Shape.of(s, D), DType.F32, "t")
+    w1 = g.constant((rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32))
+    w2 = g.constant((rng.standard_normal((16, 32, 3, 3)) * 0.1).astype(np.float32))
+    wt = g.constant((rng.standard_normal((D, 96)) * 0.1).astype(np.float32))
+    g.add_output(g.conv(g.relu(g.conv(x, w1, padding=(1, 1))), w2, padding=(1, 1)), "y")
+    g.add_output(g.matmul_nd(t, wt), "u")
+    return g, [w1, w2, wt]
+
+
+def _feed(hw: int, s: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(hw * 100 + s)
+    return [
+        rng.standard_normal((1, 16, hw, hw)).astype(np.float32),
+        rng.standard_normal((s, D)).astype(np.float32),
+    ]
+
+
+def _check(p: object, g: Graph, feed: list[np.ndarray], what: str) -> None:
+    got = p.eval(feed)  # type: ignore[attr-defined]
+    for a, b in zip(got, evaluate(g, feed), strict=True):
+        assert_close(a, b, what)
+
+
+def test_bindings_share_one_arena_and_the_weights_packed_once() -> None:
+    g, _ = _dynamic_model()
+    p = Device.cpu(threads=2).prepare(g)
+    sizes = [(8, 5), (12, 9), (6, 3), (12, 17), (10, 2)]
+    seen = []
+    for hw, s in sizes:
+        _check(p, g, _feed(hw, s), f"h=w={hw}, s={s}")
+        seen.append(p.memory())
+    # a size that outgrows the arena's headroom replaces it, and the executors built over the
+    # old one go with it; each size was built once
+    counts = [m["executors"] for m in seen]
+    assert all(b <= a + 1 for a, b in itertools.pairwise(counts)), counts
+    assert p._whole.built == len(sizes)  # type: ignore[attr-defined]
+    if onednn.available() is None:
+        # every binding after the first found its weights packed (a layout a new size picks
+        # may add one; none here grows the store past the first binding's twice)
+        assert seen[0]["packed"] > 0
+        assert all(m["packed"] <= 2 * seen[0]["packed"] for m in seen), seen
+        assert seen[-1]["packed"] == seen[3]["packed"]  # nothing new for a size seen before
+    # one arena, grown to the largest binding (with headroom), not one per binding
+    (whole,) = [p._whole]  # type: ignore[attr-defined]
+    largest = max(ex.arena.size for ex in whole.executors.values())
+    assert seen[-1]["arena"] <= largest * 5 // 4 + 2 * 4096
+    bases = {ex.arena.ctypes.data for ex in whole.executors.values()}
+    assert len(bases) == 1, "every executor runs in the same arena"
+    assert not any(ex.stale for ex in whole.executors.values())
+
+
+def test_the_executor_cache_is_bounded_and_rebuilds_what_it_evicted() -> None:
+    g, _ = _dynamic_model()
+    p = Device.cpu(threads=2).prepare(g, max_bindings=2)
+    for hw, s in [(8, 5), (9, 6), (10, 7), (8, 5)]:  # the last one was evicted
+        _check(p, g, _feed(hw, s), f"h=w={hw}, s={s}")
+        assert p.memory()["executors"] <= 2
+    whole = p._whole  # type: ignore[attr-defined]
+    assert whole.built >= 4
+    keys = list(whole.executors)
+    assert keys[-1] == (("h", 8), ("s", 5), ("w", 8))  # most recently used last
+
+
+def test_a_larger_binding_replaces_the_arena_and_older_executors_are_rebuilt() -> None:
+    g, _ = _dynamic_model()
+    p = HostPreparedGraph(g, threads=2)
+    small = _feed(6, 3)
+    _check(p, g, small, "small")
+    ex_small = next(iter(p.executors.values()))
+    _check(p, g, _feed(24, 40), "large")  # more than the arena's headroom
+    assert ex_small.stale
+    _check(p, g, small, "small again, over the new arena")
+    assert not next(iter(p.executors.values())).stale
+    assert p.built == 3
+
+
+def test_a_packed_constant_that_is_also_an_output_keeps_its_bytes() -> None:
+    """GEMM weights oneDNN packs give their arena pages back; a graph output that is the same
+    constant must still read it (with a private arena the pages would read as zeros)."""
+    rng = np.random.default_rng(9)
+    g = Graph()
+    x = g.input(Shape.of(3, 256), DType.F32, "x")
+    w = g.constant(rng.standard_normal((256, 512)).astype(np.float32))  # 512 KB: whole pages
+    g.add_output(g.matmul_nd(x, w), "y")
+    g.add_output(w, "w")
+    feed = [rng.standard_normal((3, 256)).astype(np.float32)]
+    p = Device.cpu(threads=2).prepare(g)
+    for _ in range(2):
+        _check(p, g, feed, "packed constant as an output")
+
+
+def _vm_flags(address: int) -> list[str]:
+    return mapping_fields(address)["VmFlags"].split()
+
+
+def test_the_arena_is_a_private_mapping() -> None:
+    """Pages given back from a shared mapping move to shared memory (VmRSS stops counting them,
+    the machine still holds them); a private mapping frees them."""
+    g, _ = _dynamic_model()
+    p = HostPreparedGraph(g, threads=2)
+    _check(p, g, _feed(8, 5), "one binding")
+    (ex,) = p.executors.values()
+    assert "sh" not in _vm_flags(ex.arena.ctypes.data)
+    ws = p.memory.workspace
+    if ws is not None and ws.mapped:
+        assert "sh" not in _vm_flags(ws._block[1].ctypes.data)
+
+
+def _rss_and_shmem() -> int:
+    """This process's resident bytes, shared memory included (smaps_rollup Rss counts the shmem
+    pages it maps; pages of shmem it no longer maps are counted by RssShmem nowhere, which is
+    why the arena must not be shared)."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Rss:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no Rss in smaps_rollup")
+
+
+@pytest.mark.parametrize("max_bindings", [4])
+def test_memory_stays_flat_over_many_bindings(max_bindings: int) -> None:
+    """40 evaluations at 20 sizes: after the largest size has been seen, resident memory grows
+    by less than one arena (executors past the cache's bound are evicted)."""
+    g, _ = _dynamic_model()
+    p = Device.cpu(threads=2).prepare(g, max_bindings=max_bindings)
+    rng = np.random.default_rng(0)
+    sizes = [
+        (int(a), int(b))
+        for a, b in zip(rng.integers(4, 16, 20), rng.integers(1, 64, 20), strict=True)
+    ]
+    _check(p, g, _feed(16, 64), "largest first")
+    base = _rss_and_shmem()
+    arena = p.memory()["arena"]
+    for i in range(40):
+        hw, s = sizes[i % len(sizes)]
+        p.eval(_feed(hw, s))
+        assert p.memory()["executors"] <= max_bindings
+    grown = _rss_and_shmem() - base
+    assert p.memory()["arena"] == arena  # never replaced: the largest came first
+    assert grown < max(arena, 1 << 20) + (4 << 20), (grown, arena)
+
+
+def test_alternating_bindings_of_an_export_share_the_arena_and_stay_right() -> None:
+    """A real export (BERT, dynamo) at alternating sequence lengths: its plans hold constants the
+    planner made for each length after the graph's own; every executor runs in the one arena
+    and puts its own constants back when another ran in between."""
+    from kn_graph.onnx import load_onnx
+    from tests.fuzz.runner import MODELS
+
+    g = load_onnx(MODELS / "bert_dynamo.onnx")
+    p = Device.cpu(threads=2).prepare(g)
+    rng = np.random.default_rng(1)
+    for s in [9, 5, 9, 17, 5, 17, 9]:
+        feed = [
+            rng.integers(0, 50, (1, s)).astype(np.int64),
+            (rng.random((1, s)) < 0.8).astype(np.int64),
+            np.zeros((1, s), np.int64),
+        ]
+        _check(p, g, feed, f"seq={s}")
+    whole = p._whole  # type: ignore[attr-defined]
+    assert len({ex.arena.ctypes.data for ex in whole.executors.values()}) == 1
+    assert all(ex._home is whole.memory.arena for ex in whole.executors.values())
