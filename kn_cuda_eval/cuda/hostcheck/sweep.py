@@ -30,13 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from kn_cuda_eval import PlanSettings, emulate, plan
 from kn_cuda_eval.cuda.hostcheck.check import StepCheck, check_plan
 from kn_cuda_eval.cuda.hostcheck.compile import build_all, unavailable
 from kn_cuda_eval.cuda.kernels import launch as launch_mod
 from kn_cuda_eval.cuda.kernels.dispatch import distinct_kernels, plan_launches
 from kn_cuda_eval.cuda.kernels.launch import KernelLaunch
-from kn_cuda_eval.planning.plan import Plan
+from kn_cuda_eval.planning.emulator import emulate
+from kn_cuda_eval.planning.plan import Plan, plan
+from kn_cuda_eval.planning.planner import PlanSettings
 from kn_graph import DType, Graph, ReduceOp, Shape
 from kn_graph.errors import KnError
 from kn_graph.optimizer import optimize
@@ -201,7 +202,7 @@ def corpus_cases(errors: list[str] | None = None) -> list[Case]:
                 raise
             errors.append(f"fixture {fx['name']}: {type(e).__name__}: {e}")
     for name in PLANNER_TESTS:
-        out += harvest(importlib.import_module(f"tests.kn_cuda_eval.{name}"))
+        out += harvest(importlib.import_module(f"tests.kn_cuda_eval.planning.{name}"))
     return out
 
 
