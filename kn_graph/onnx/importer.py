@@ -315,6 +315,7 @@ class Loader:
         return self.graph.constant(arr)
 
     def tensor_to_array(self, t: onnx.TensorProto, where: str) -> np.ndarray:
+        """A tensor's values (an initializer, a tensor attribute), read as this model's are."""
         return tensor_to_array(t, where, self.folder, self.files)
 
     def add_input(self, inp: onnx.ValueInfoProto) -> None:
