@@ -6,6 +6,10 @@ Each kind maps (op, argument arrays, bindings, a graph runner) to its list of re
 flow (If / Loop / Scan) runs its subgraphs through the runner it is given: `kn_graph.reference.evaluate`
 on the reference executor, a device's own runner on a device. Results are checked against the
 op's declared shapes by `bind_results`, which also binds the run-time size symbols.
+
+The graph's builders import this module (a Dynamic op of constants is computed when it is
+built), so a subgraph is named here by `GraphBase`, the layer below the builders: the kinds only
+hand it to the runner, and `outer_bindings` only reads its inputs.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from kn_graph.errors import EvaluationError
 from kn_graph.shape import Shape, infer_symbols
 
 if TYPE_CHECKING:
-    from kn_graph.graph import Graph
+    from kn_graph.graph_base import GraphBase
     from kn_graph.ops import Dynamic
 
 __all__ = [
@@ -29,13 +33,12 @@ __all__ = [
     "MAX_LOOP_ITERATIONS",
     "RunGraph",
     "bind_results",
-    "describe_params",
     "max_loop_iterations",
     "outer_bindings",
     "run_dynamic",
 ]
 
-RunGraph = Callable[["Graph", list[np.ndarray], Mapping[str, int]], list[np.ndarray]]
+RunGraph = Callable[["GraphBase", list[np.ndarray], Mapping[str, int]], list[np.ndarray]]
 """Evaluates a subgraph (a Loop body, an If branch) on arrays, given the enclosing graph's
 bindings (`outer_bindings` picks the ones its inputs share); returns its outputs."""
 
@@ -386,21 +389,10 @@ def bind_results(
     )
 
 
-def outer_bindings(graph: Graph, bindings: Mapping[str, int]) -> dict[str, int]:
+def outer_bindings(graph: GraphBase, bindings: Mapping[str, int]) -> dict[str, int]:
     """The enclosing graph's bindings of the symbols a subgraph's inputs use: a captured value
     of size `topk0 + topk1` cannot tell its two symbols apart, the enclosing graph can."""
     used: set[str] = set()
     for v in graph.inputs:
         used |= graph[v].shape.symbols
     return {k: v for k, v in bindings.items() if k in used}
-
-
-def describe_params(op: Dynamic) -> str:
-    """Attributes for printing: numbers and flags; subgraphs by their size."""
-    parts = []
-    for p in op.params:
-        if hasattr(p, "value_infos"):
-            parts.append(f"<graph of {len(p)} values>")
-        elif p is not None and not isinstance(p, tuple | bool):
-            parts.append(repr(p))
-    return f"({', '.join(parts)})" if parts else ""

@@ -1,21 +1,20 @@
 """Convenience builders on top of the core ops: arithmetic shortcuts, NumPy-style matmul, padding,
-repetition, pooling and normalisations. Every one of them lowers to the orthogonal core ops."""
+repetition, pooling and normalisations. Every one of them lowers to the orthogonal core ops, so
+`NNBuilders` extends `ComputeBuilders` (and `Graph` extends it): nothing here knows `Graph`."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
+from kn_graph.compute_builders import ComputeBuilders, Operand
 from kn_graph.dtype import DType
 from kn_graph.errors import FixedSizeRequiredError, GraphError
 from kn_graph.ops import BinaryOp, ReduceOp, UnaryOp, Value
-from kn_graph.shape import Shape, Size, SizeLike
-
-if TYPE_CHECKING:
-    from kn_graph.graph import Graph, Operand
+from kn_graph.shape import Shape, Size, SizeLike, broadcast_shapes, norm_axis
 
 __all__ = ["NNBuilders"]
 
@@ -59,60 +58,52 @@ def _lowest(dtype: DType) -> float | int:
     return int(np.iinfo(dtype.np).min)
 
 
-def _axis(axis: int, rank: int) -> int:
-    if not -rank <= axis < rank:
-        raise GraphError(f"axis {axis} out of range for rank {rank}")
-    return axis + rank if axis < 0 else axis
-
-
 def _check_pool_kind(kind: str) -> None:
     if kind not in ("max", "avg"):
         raise GraphError(f"pool: unknown kind '{kind}'; expected 'max' or 'avg'")
 
 
-class NNBuilders:
-    """Mixed into `Graph`; every method builds from the graph's core builders."""
-
-    __slots__ = ()
+class NNBuilders(ComputeBuilders):
+    """Extended by `Graph`; every method builds from the core builders."""
 
     # -- elementwise shortcuts --------------------------------------------------------------------
-    def add(self: Graph, a: Operand, b: Operand) -> Value:
+    def add(self, a: Operand, b: Operand) -> Value:
         return self.binary(BinaryOp.ADD, a, b)
 
-    def sub(self: Graph, a: Operand, b: Operand) -> Value:
+    def sub(self, a: Operand, b: Operand) -> Value:
         return self.binary(BinaryOp.SUB, a, b)
 
-    def mul(self: Graph, a: Operand, b: Operand) -> Value:
+    def mul(self, a: Operand, b: Operand) -> Value:
         return self.binary(BinaryOp.MUL, a, b)
 
-    def div(self: Graph, a: Operand, b: Operand) -> Value:
+    def div(self, a: Operand, b: Operand) -> Value:
         return self.binary(BinaryOp.DIV, a, b)
 
-    def pow(self: Graph, a: Operand, b: Operand) -> Value:
+    def pow(self, a: Operand, b: Operand) -> Value:
         return self.binary(BinaryOp.POW, a, b)
 
-    def minimum(self: Graph, a: Operand, b: Operand) -> Value:
+    def minimum(self, a: Operand, b: Operand) -> Value:
         return self.binary(BinaryOp.MIN, a, b)
 
-    def maximum(self: Graph, a: Operand, b: Operand) -> Value:
+    def maximum(self, a: Operand, b: Operand) -> Value:
         return self.binary(BinaryOp.MAX, a, b)
 
-    def neg(self: Graph, x: Value) -> Value:
+    def neg(self, x: Value) -> Value:
         return self.unary(UnaryOp.NEG, x)
 
-    def exp(self: Graph, x: Value) -> Value:
+    def exp(self, x: Value) -> Value:
         return self.unary(UnaryOp.EXP, x)
 
-    def log(self: Graph, x: Value) -> Value:
+    def log(self, x: Value) -> Value:
         return self.unary(UnaryOp.LOG, x)
 
-    def sqrt(self: Graph, x: Value) -> Value:
+    def sqrt(self, x: Value) -> Value:
         return self.unary(UnaryOp.SQRT, x)
 
-    def relu(self: Graph, x: Value) -> Value:
+    def relu(self, x: Value) -> Value:
         return self.maximum(x, 0)
 
-    def clamp(self: Graph, x: Value, lo: Operand | None, hi: Operand | None) -> Value:
+    def clamp(self, x: Value, lo: Operand | None, hi: Operand | None) -> Value:
         """min then max, as ONNX Clip: max(min(x, hi), lo)."""
         if hi is not None:
             x = self.minimum(x, hi)
@@ -120,18 +111,18 @@ class NNBuilders:
             x = self.maximum(x, lo)
         return x
 
-    def gelu(self: Graph, x: Value, approximate: Literal["none", "tanh"] = "none") -> Value:
+    def gelu(self, x: Value, approximate: Literal["none", "tanh"] = "none") -> Value:
         if approximate not in ("none", "tanh"):
             raise GraphError(
                 f"gelu: unknown approximation '{approximate}'; expected 'none' or 'tanh'"
             )
         return self.unary(UnaryOp.GELU_TANH if approximate == "tanh" else UnaryOp.GELU, x)
 
-    def silu(self: Graph, x: Value) -> Value:
+    def silu(self, x: Value) -> Value:
         return self.unary(UnaryOp.SILU, x)
 
     # -- shape helpers ----------------------------------------------------------------------------
-    def unsqueeze(self: Graph, x: Value, axes: Sequence[int]) -> Value:
+    def unsqueeze(self, x: Value, axes: Sequence[int]) -> Value:
         shape = list(self[x].shape)
         rank = len(shape) + len(axes)
         norm = sorted(a + rank if a < 0 else a for a in axes)
@@ -141,7 +132,7 @@ class NNBuilders:
             shape.insert(a, Size(1))
         return self.view(x, Shape.from_seq(shape))
 
-    def squeeze(self: Graph, x: Value, axes: Sequence[int] | None = None) -> Value:
+    def squeeze(self, x: Value, axes: Sequence[int] | None = None) -> Value:
         shape = self[x].shape
         if axes is None:
             keep = [d for d in shape if d != Size(1)]
@@ -153,7 +144,7 @@ class NNBuilders:
             keep = [d for i, d in enumerate(shape) if i not in norm]
         return self.view(x, Shape.from_seq(keep))
 
-    def flatten(self: Graph, x: Value, axis: int = 1) -> Value:
+    def flatten(self, x: Value, axis: int = 1) -> Value:
         shape = self[x].shape
         axis = axis + shape.rank if axis < 0 else axis
         if not 0 <= axis <= shape.rank:
@@ -162,24 +153,24 @@ class NNBuilders:
         right = Shape(shape.dims[axis:]).size()
         return self.view(x, Shape.of(left, right))
 
-    def repeat(self: Graph, x: Value, axis: int, n: SizeLike) -> Value:
+    def repeat(self, x: Value, axis: int, n: SizeLike) -> Value:
         """Tile: [a, b] repeated 2 times on axis 0 gives [a, b, a, b]."""
         shape = self[x].shape
-        axis = _axis(axis, shape.rank)
+        axis = norm_axis(axis, shape.rank)
         y = self.view(x, shape.insert(axis, 1))
         y = self.broadcast(y, shape.insert(axis, n))
         return self.view(y, shape.replace(axis, Size.of(n) * shape[axis]))
 
-    def repeat_interleave(self: Graph, x: Value, axis: int, n: SizeLike) -> Value:
+    def repeat_interleave(self, x: Value, axis: int, n: SizeLike) -> Value:
         """[a, b] repeated 2 times on axis 0 gives [a, a, b, b]."""
         shape = self[x].shape
-        axis = _axis(axis, shape.rank)
+        axis = norm_axis(axis, shape.rank)
         y = self.view(x, shape.insert(axis + 1, 1))
         y = self.broadcast(y, shape.insert(axis + 1, n))
         return self.view(y, shape.replace(axis, Size.of(n) * shape[axis]))
 
     def pad(
-        self: Graph,
+        self,
         x: Value,
         pads: Sequence[tuple[int, int]],
         mode: Literal["constant", "reflect", "edge", "wrap"] = "constant",
@@ -238,7 +229,7 @@ class NNBuilders:
         return x
 
     # -- matmul and linear ------------------------------------------------------------------------
-    def matmul_nd(self: Graph, a: Value, b: Value) -> Value:
+    def matmul_nd(self, a: Value, b: Value) -> Value:
         """NumPy `a @ b`: rank-1 promotion and batch broadcasting, lowered to a rank-3 MatMul."""
         ai, bi = self[a], self[b]
         if ai.rank == 0 or bi.rank == 0:
@@ -259,7 +250,9 @@ class NNBuilders:
                 self._conform(b, sb.replace(sb.rank - 2, k)),
             )
             sa, sb = self[a].shape, self[b].shape
-        batch = broadcast_batch(Shape(sa.dims[:-2]), Shape(sb.dims[:-2]), self._equate_or_none())
+        batch = broadcast_shapes(
+            Shape(sa.dims[:-2]), Shape(sb.dims[:-2]), equate=self._equate_or_none()
+        )
         if self.equate is not None:
             a = self._conform(a, batch + Shape.of(m, k))
             b = self._conform(b, batch + Shape.of(k, n))
@@ -286,14 +279,14 @@ class NNBuilders:
             dims.pop(-2 if not b_vec else -1)
         return self.view(out, Shape.from_seq(dims))
 
-    def linear(self: Graph, x: Value, w: Value, b: Value | None = None) -> Value:
+    def linear(self, x: Value, w: Value, b: Value | None = None) -> Value:
         """x @ wᵀ + b with w [out, in] (PyTorch's layout)."""
         y = self.matmul_nd(x, self.permute(w, (1, 0)))
         return y if b is None else self.add(y, b)
 
     # -- pooling ----------------------------------------------------------------------------------
     def _pad_symbolic_axis(
-        self: Graph, x: Value, axis: int, before: int, after: int, mode: str
+        self, x: Value, axis: int, before: int, after: int, mode: str
     ) -> list[Value]:
         """Edge / reflect / wrap padding of a symbolic axis from slices (guards: size bounds)."""
         n = self[x].shape[axis]
@@ -322,7 +315,7 @@ class NNBuilders:
         return parts
 
     def _pool_taps(
-        self: Graph,
+        self,
         x: Value,
         kernel: Sequence[int],
         stride: Sequence[int],
@@ -346,7 +339,7 @@ class NNBuilders:
             yield win
 
     def max_pool_indices(
-        self: Graph,
+        self,
         x: Value,
         kernel: Sequence[int],
         stride: Sequence[int],
@@ -397,7 +390,7 @@ class NNBuilders:
         return best_i
 
     def pool(
-        self: Graph,
+        self,
         x: Value,
         kind: Literal["max", "avg"],
         kernel: Sequence[int],
@@ -461,7 +454,7 @@ class NNBuilders:
         return self.mul(acc, self.constant((1.0 / np.maximum(counts, 1)).astype(info.dtype.np)))
 
     def _pool_symbolic(
-        self: Graph,
+        self,
         x: Value,
         kind: Literal["max", "avg"],
         kernel: Sequence[int],
@@ -536,7 +529,7 @@ class NNBuilders:
         return self.div(acc, self.maximum(counts, 1.0))
 
     def _pad_sizes(
-        self: Graph, x: Value, pads: Sequence[tuple[Size, Size]], value: float | int | bool
+        self, x: Value, pads: Sequence[tuple[Size, Size]], value: float | int | bool
     ) -> Value:
         """Constant padding by (possibly symbolic) non-negative amounts."""
         info = self[x]
@@ -552,15 +545,13 @@ class NNBuilders:
                 x = self.concat(parts, axis)
         return x
 
-    def global_pool(
-        self: Graph, x: Value, kind: Literal["max", "avg"], first_axis: int = 2
-    ) -> Value:
+    def global_pool(self, x: Value, kind: Literal["max", "avg"], first_axis: int = 2) -> Value:
         _check_pool_kind(kind)
         axes = list(range(first_axis, self[x].rank))
         return self.reduce(x, axes, ReduceOp.MAX if kind == "max" else ReduceOp.MEAN, keepdims=True)
 
     # -- normalisations ---------------------------------------------------------------------------
-    def _affine(self: Graph, y: Value, scale: Value | None, bias: Value | None) -> Value:
+    def _affine(self, y: Value, scale: Value | None, bias: Value | None) -> Value:
         if scale is not None:
             y = self.mul(y, scale)
         if bias is not None:
@@ -568,7 +559,7 @@ class NNBuilders:
         return y
 
     def layer_norm(
-        self: Graph,
+        self,
         x: Value,
         axis: int,
         eps: float,
@@ -577,7 +568,7 @@ class NNBuilders:
     ) -> Value:
         """Normalise over axes axis..rank-1 (merged into one), then scale and bias."""
         shape = self[x].shape
-        axis = _axis(axis, shape.rank)
+        axis = norm_axis(axis, shape.rank)
         if axis == shape.rank - 1:
             y = self.layernorm(x, axis, eps)
         else:
@@ -586,7 +577,7 @@ class NNBuilders:
         return self._affine(y, scale, bias)
 
     def group_norm(
-        self: Graph,
+        self,
         x: Value,
         groups: int,
         eps: float,
@@ -606,13 +597,7 @@ class NNBuilders:
         return self._affine(y, s, b)
 
     def instance_norm(
-        self: Graph, x: Value, eps: float, scale: Value | None = None, bias: Value | None = None
+        self, x: Value, eps: float, scale: Value | None = None, bias: Value | None = None
     ) -> Value:
         c = self[x].shape[1].as_int("instance_norm: channels")
         return self.group_norm(x, c, eps, scale, bias)
-
-
-def broadcast_batch(a: Shape, b: Shape, equate: object = None) -> Shape:
-    from kn_graph.graph import broadcast_shapes
-
-    return broadcast_shapes(a, b, equate=equate)  # type: ignore[arg-type]

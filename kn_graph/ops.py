@@ -543,12 +543,22 @@ class Dynamic(Op):
     NAME: ClassVar[str] = "dynamic"
 
     def attrs(self) -> str:
-        from kn_graph.dynamic import describe_params  # the kinds live there
-
         out = f" -> {self.output}/{len(self.shapes)}" if len(self.shapes) > 1 else ""
-        return f"{self.kind}{describe_params(self)}{out}"
+        return f"{self.kind}{_describe_params(self.params)}{out}"
 
     @property
     def key(self) -> Dynamic:
         """The op with `output` 0: equal for every result of one op (an executor's memo key)."""
         return self if self.output == 0 else dataclasses.replace(self, output=0)
+
+
+def _describe_params(params: tuple[object, ...]) -> str:
+    """A Dynamic op's parameters for printing: numbers and flags; subgraphs by their size (a
+    subgraph is told by what it has, so this module needs no graph class)."""
+    parts = []
+    for p in params:
+        if hasattr(p, "value_infos"):
+            parts.append(f"<graph of {len(p)} values>")  # type: ignore[arg-type]
+        elif p is not None and not isinstance(p, tuple | bool):
+            parts.append(repr(p))
+    return f"({', '.join(parts)})" if parts else ""

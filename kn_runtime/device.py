@@ -427,7 +427,7 @@ class SpecializingPreparedGraph(PreparedGraph):
 
     def eval(self, inputs: Inputs) -> list[Any]:
         """Outputs in the model's terms: a sequence output is a list of arrays."""
-        from kn_graph.onnx.loader import regroup_outputs
+        from kn_graph.onnx.sequences import regroup_outputs
 
         prepared, rest = self._split(inputs)
         return regroup_outputs(self.model.model, prepared.graph, prepared.eval(rest))

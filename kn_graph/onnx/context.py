@@ -10,9 +10,9 @@ Handlers live in a registry, one module per op family:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn, Protocol
 
 import numpy as np
 import onnx
@@ -28,13 +28,12 @@ from kn_graph.graph import Graph
 from kn_graph.ops import Input, Value
 from kn_graph.shape import Shape, Size
 
-if TYPE_CHECKING:
-    from kn_graph.onnx.loader import Loader
-
 __all__ = [
     "HANDLERS",
+    "KNOWN_LIMIT",
     "MAX_RANK",
     "MAX_UNROLL",
+    "ImportScope",
     "Known",
     "NodeContext",
     "Result",
@@ -45,6 +44,10 @@ __all__ = [
 
 MAX_RANK = 32
 """The highest rank a loaded value may have (NumPy 1.x's limit; ONNX models stay far below)."""
+
+KNOWN_LIMIT = 4096
+"""Integer tensors up to this many elements (initializers, shape arithmetic) are kept as
+load-time `Known` tensors."""
 
 MAX_UNROLL = 1 << 14
 """The most steps a handler unrolls into the graph (RNN and linear-attention time steps): a
@@ -193,10 +196,41 @@ def onnx_dtype(elem_type: int, where: str) -> DType:
     return dt
 
 
+class ImportScope(Protocol):
+    """What a node and its handler may ask of the import in progress (`kn_graph.onnx.importer`'s
+    `Loader` is the one implementation): this module names the protocol, not the loader, so
+    handlers and the loader both import it and neither imports the other."""
+
+    graph: Graph
+    """The graph being built (a subgraph's own graph while one loads)."""
+    node_index: int
+    value_sizes: dict[Value, Size]
+    """Graph values known to equal a size (a size cast to float), for Range bounds."""
+
+    @property
+    def in_subgraph(self) -> bool: ...
+
+    def lookup(self, name: str, ctx: NodeContext | None) -> Result: ...
+
+    def as_value(self, r: Result) -> Value: ...
+
+    def result_of_array(self, arr: np.ndarray) -> Result: ...
+
+    def tensor_to_array(self, t: onnx.TensorProto, where: str) -> np.ndarray: ...
+
+    def inline_graph(
+        self, sub: onnx.GraphProto, ctx: NodeContext, bound: Mapping[str, Result] | None = None
+    ) -> list[Result]: ...
+
+    def subgraph(
+        self, sub: onnx.GraphProto, formals: Sequence[tuple[str, Shape, DType]], ctx: NodeContext
+    ) -> tuple[Graph, list[Value]]: ...
+
+
 class NodeContext:
     """One node being imported. Read inputs and attributes through it; it records what was used."""
 
-    def __init__(self, loader: Loader, node: onnx.NodeProto, opset: int) -> None:
+    def __init__(self, loader: ImportScope, node: onnx.NodeProto, opset: int) -> None:
         self.loader = loader
         self.graph: Graph = loader.graph
         self.node = node
@@ -218,7 +252,7 @@ class NodeContext:
     @property
     def in_subgraph(self) -> bool:
         """Whether the node belongs to a subgraph loaded as a graph of its own (a Loop body)."""
-        return bool(self.loader._outer)
+        return self.loader.in_subgraph
 
     # -- inputs ---------------------------------------------------------------------------------
     @property
@@ -436,6 +470,3 @@ class NodeContext:
         if not -rank <= axis < max(rank, 1):
             self.unsupported(f"axis {axis} out of range for rank {rank}")
         return axis + rank if axis < 0 else axis
-
-    def const_of(self, value: Value) -> np.ndarray | None:
-        return self.graph.const_value(value)

@@ -13,7 +13,7 @@ import dataclasses
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, assert_never, overload
+from typing import Protocol, Self, TypeVar, assert_never, overload, runtime_checkable
 
 from kn_graph.errors import ArgumentTypeError
 from kn_graph.filemap import check_all
@@ -43,10 +43,16 @@ from kn_graph.ops import (
     View,
 )
 
-if TYPE_CHECKING:
-    from kn_graph.onnx import ValueSpecializedModel
-
-__all__ = ["REWRITES", "OptimizerSettings", "Rewrite", "Rewriter", "copy_op", "optimize", "rewrite"]
+__all__ = [
+    "REWRITES",
+    "OptimizerSettings",
+    "Reoptimizable",
+    "Rewrite",
+    "Rewriter",
+    "copy_op",
+    "optimize",
+    "rewrite",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,15 +234,23 @@ def _round(g: Graph, settings: OptimizerSettings) -> tuple[Graph, int]:
     return rw.new, fired
 
 
+@runtime_checkable
+class Reoptimizable(Protocol):
+    """What `optimize` takes besides a Graph: a model that makes its graphs later and optimizes
+    each as it makes it (`kn_graph.onnx.ValueSpecializedModel`). The optimizer dispatches on
+    this protocol, so it imports nothing of the ONNX loader (which imports the optimizer)."""
+
+    def optimized(self, settings: OptimizerSettings) -> Self: ...
+
+
+M = TypeVar("M", bound=Reoptimizable)
+
+
 @overload
 def optimize(graph: Graph, settings: OptimizerSettings | None = None) -> Graph: ...
 @overload
-def optimize(
-    graph: ValueSpecializedModel, settings: OptimizerSettings | None = None
-) -> ValueSpecializedModel: ...
-def optimize(
-    graph: Graph | ValueSpecializedModel, settings: OptimizerSettings | None = None
-) -> Graph | ValueSpecializedModel:
+def optimize(graph: M, settings: OptimizerSettings | None = None) -> M: ...
+def optimize(graph: Graph | M, settings: OptimizerSettings | None = None) -> Graph | M:
     """A new, optimized graph computing the same outputs from the same inputs (in order).
 
     A `ValueSpecializedModel` (what `load_onnx` returns when shapes depend on input values) has
@@ -261,9 +275,7 @@ def optimize(
     outputs: %6 "y"
     """
     if not isinstance(graph, Graph):
-        from kn_graph.onnx import ValueSpecializedModel
-
-        if isinstance(graph, ValueSpecializedModel):
+        if isinstance(graph, Reoptimizable):
             return graph.optimized(settings or OptimizerSettings())
         raise ArgumentTypeError(
             f"optimize: expected a Graph or a ValueSpecializedModel, found {type(graph).__name__}"

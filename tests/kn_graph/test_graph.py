@@ -11,6 +11,7 @@ import kn_graph.binding
 import kn_graph.graph
 import kn_graph.reference
 import kn_graph.shape
+import kn_graph.size
 from kn_graph import (
     BinaryOp,
     DType,
@@ -23,7 +24,6 @@ from kn_graph import (
     UnaryOp,
     Value,
 )
-from kn_graph.graph import broadcast_shapes
 from kn_graph.ops import (
     Binary,
     Broadcast,
@@ -38,6 +38,7 @@ from kn_graph.ops import (
     Unary,
     View,
 )
+from kn_graph.shape import broadcast_shapes
 from tests.conftest import graph_with
 
 B = Size.sym("B")
@@ -47,7 +48,7 @@ S = Size.sym("S")
 # -- doctests ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "module",
-    [kn_graph.shape, kn_graph.graph, kn_graph.reference, kn_graph.binding],
+    [kn_graph.size, kn_graph.shape, kn_graph.graph, kn_graph.reference, kn_graph.binding],
     ids=lambda m: m.__name__,
 )
 def test_module_doctests_pass(module):

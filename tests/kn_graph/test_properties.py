@@ -12,8 +12,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kn_graph import DType, Graph, GraphError, Shape, ShapeMismatchError, Size, Value, infer_symbols
-from kn_graph.graph import broadcast_shapes
 from kn_graph.reference import evaluate
+from kn_graph.shape import broadcast_shapes
 
 SYMBOLS = ("B", "S", "T")
 FAST = settings(

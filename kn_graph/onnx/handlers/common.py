@@ -8,7 +8,6 @@ import numpy as np
 
 from kn_graph.dtype import DType
 from kn_graph.onnx.context import Known, NodeContext
-from kn_graph.shape import Size
 
 __all__ = ["all_known", "known_elementwise"]
 
@@ -44,7 +43,3 @@ def known_elementwise(
     out = np.empty(len(flat), dtype=object)
     out[:] = flat
     return Known.of(out.reshape(arrays[0].shape if arrays else ()), dtype)
-
-
-def is_size(x: object) -> bool:
-    return isinstance(x, Size)

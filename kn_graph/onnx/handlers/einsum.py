@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kn_graph.graph import broadcast_shapes
 from kn_graph.onnx.context import NodeContext, Result, onnx_op
 from kn_graph.ops import ReduceOp, Value
-from kn_graph.shape import Shape, Size
+from kn_graph.shape import Shape, Size, broadcast_shapes
 
 __all__ = ["einsum"]
 

@@ -17,11 +17,11 @@ import numpy as np
 
 from kn_graph.dtype import DType, float_to_int
 from kn_graph.errors import GraphError, UnsupportedOnnxError
-from kn_graph.graph import Graph, broadcast_shapes
+from kn_graph.graph import Graph
 from kn_graph.onnx.context import Known, NodeContext, Result, onnx_dtype, onnx_op
 from kn_graph.onnx.handlers.common import all_known
 from kn_graph.ops import BinaryOp, UnaryOp, Value
-from kn_graph.shape import Shape, Size
+from kn_graph.shape import Shape, Size, broadcast_shapes
 
 Elem = int | bool | Size
 """One element of a (possibly symbolic) Known."""

@@ -14,12 +14,10 @@ from collections.abc import Callable
 import numpy as np
 
 from kn_graph.dtype import DType
-from kn_graph.graph import broadcast_shapes
-from kn_graph.onnx.context import MAX_RANK, Known, NodeContext, Result, onnx_op
+from kn_graph.onnx.context import KNOWN_LIMIT, MAX_RANK, Known, NodeContext, Result, onnx_op
 from kn_graph.onnx.handlers.common import all_known
-from kn_graph.onnx.loader import KNOWN_LIMIT
 from kn_graph.ops import Value
-from kn_graph.shape import Shape, Size
+from kn_graph.shape import Shape, Size, broadcast_shapes
 
 __all__ = ["axis_of", "known", "known_apply", "known_take", "scalar_operand", "static_ints"]
 
