@@ -134,6 +134,15 @@ def test_a_fixed_batch_builds_the_executor_at_once(fake: FakeApi) -> None:
     assert out.shape == (1, 2, 5) and np.allclose(out.get().sum(axis=2), 1)
 
 
+def test_a_static_graph_builds_its_executor_at_once(fake: FakeApi) -> None:
+    """Nothing left to bind: planned and compiled at prepare time, as on the CPU."""
+    g = Graph()
+    g.add_output(g.relu(g.input(Shape.of(2, 4), DType.F32, "x")), "y")
+    prepared = Device("cuda", 0).prepare(g)
+    assert prepared.cache.keys(g.id) == [()]
+    np.testing.assert_array_equal(prepared.eval([np.ones((2, 4), np.float32)])[0], 1)
+
+
 def test_kn_run_on_the_fake_device(
     fake: FakeApi, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
