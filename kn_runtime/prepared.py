@@ -187,10 +187,11 @@ class PreparedGraph:
                 for k, v in prepared.memory().items():
                     total[k] = total.get(k, 0) + v
             return total
-        held = self.backend.memory()
-        if held is None:
-            raise KnError(f"memory(): {self.device} does not report what it holds")
-        return held | {"executors": len(self.cache)}
+        with self._lock:  # not while an evaluation makes a segment's memory
+            held = self.backend.memory()
+            if held is None:
+                raise KnError(f"memory(): {self.device} does not report what it holds")
+            return held | {"executors": len(self.cache)}
 
     def close(self) -> None:
         """Close every executor kept (their device memory, oneDNN primitives and arenas go);
