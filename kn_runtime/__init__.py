@@ -9,6 +9,7 @@
 array([[0., 2.]], dtype=float32)
 """
 
-from kn_runtime.device import Device, PreparedGraph
+from kn_runtime.device import Device
+from kn_runtime.prepared import PreparedGraph
 
 __all__ = ["Device", "PreparedGraph"]

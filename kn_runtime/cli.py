@@ -30,7 +30,8 @@ from kn_graph.errors import KnError, OnnxImportError, StaticInputRequiredError
 from kn_graph.graph import Graph
 from kn_graph.onnx import ValueSpecializedModel, load_onnx
 from kn_graph.shape import BATCH, infer_symbols
-from kn_runtime.device import Device, PreparedGraph
+from kn_runtime.device import Device
+from kn_runtime.prepared import PreparedGraph
 
 __all__ = ["default_model_path", "main", "random_inputs"]
 
@@ -172,38 +173,87 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     path = Path(args.model) if args.model else default_model_path()
     given = _given_inputs(args)
-    dims0 = _dims(args)
+    dims = _dims(args)
     runs = parse_int(args.runs, "--runs", 1, 10**6)
+    loaded, graph, given = _load(path, given, dims, not args.no_optimize)
+    if args.print_graph:
+        print(graph)
+    device = _device(args)
+    symbols = set().union(*(graph[v].shape.symbols for v in graph.inputs))
+    _check_names(graph, loaded, symbols, dims, given)
+    inputs = _inputs(graph, dims, given)
+    bindings = bind_inputs(graph, inputs)[1]
+    # a batch size given to prepare fixes the only free symbol: the plan is made (and compiled)
+    # there, as onnxruntime makes its session, so the first evaluation is an evaluation; other
+    # symbols (and data-dependent sizes) are bound per call, so their first evaluation plans
+    lazy = sorted(symbols - {BATCH})
+    if graph.has_dynamic:
+        lazy.append("data-dependent sizes")
+    batch = bindings.get(BATCH) if BATCH in symbols and not lazy else None
+    t0 = time.perf_counter()
+    prepared = device.prepare(graph, batch, settings=_settings(device, args))
+    t_prepare = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    outputs = prepared.eval(inputs)
+    t_first = time.perf_counter() - t0
+    _print_run(device, graph, inputs, bindings, outputs)
+    print(f"prepare: {t_prepare * 1e3:.2f} ms")
+    note = f"  (planned for this binding: {', '.join(lazy)} bound per call)" if lazy else ""
+    print(f"first evaluation: {t_first * 1e3:.2f} ms{note}")
+    _print_steady(
+        _steady_times(prepared, inputs, runs if args.bench else None, None if lazy else t_first)
+    )
+    if (device.kind != "cpu" or device.fast) and not args.no_check:
+        ref = Device.cpu(reference=True).prepare(graph).eval(inputs)
+        print(f"difference from the CPU executor: {_difference(outputs, ref)}")
+    if args.profile:
+        _print_profile(device, prepared, inputs)
+    return 0
+
+
+def _load(
+    path: Path, given: dict[str, np.ndarray], dims: dict[str, int], optimize: bool
+) -> tuple[Graph | ValueSpecializedModel, Graph, dict[str, np.ndarray]]:
+    """The model as loaded, the graph to run (specialized to the given values of a model whose
+    shapes depend on them, optimized unless told not to) and the given inputs that graph takes;
+    prints the load line."""
     t0 = time.perf_counter()
     loaded = load_onnx(path)
     if isinstance(loaded, ValueSpecializedModel):
-        # shapes decided by the values of some inputs (those must be given) or loaded per input
-        # shape (the others are made up from the declared shapes, as for any model)
-        feed = dict(given)
-        if loaded.by_shape:
-            feed.update(_declared_inputs(loaded, dims0, skip=set(given)))
-        try:
-            graph = loaded.specialize(feed)
-        except (StaticInputRequiredError, OnnxImportError):
-            raise KnError(
-                f"the model's shapes depend on the values of inputs {loaded.value_inputs}: give "
-                "them with --input NAME=FILE.npy"
-            ) from None
+        graph = _specialized(loaded, given, dims)
         given = {k: v for k, v in given.items() if k not in loaded.value_inputs}
     else:
         graph = loaded
     t_load = time.perf_counter() - t0
     n_loaded = len(graph)
     t0 = time.perf_counter()
-    graph, optimized = _optimize(graph, not args.no_optimize)
+    graph, optimized = _optimize(graph, optimize)
     t_opt = time.perf_counter() - t0
     line = f"model: {path.name}  load {t_load * 1e3:.1f} ms, {n_loaded} values"
     if optimized:
         line += f"  -> optimized {len(graph)} values in {t_opt * 1e3:.1f} ms"
     print(line, flush=True)
-    if args.print_graph:
-        print(graph)
+    return loaded, graph, given
 
+
+def _specialized(
+    loaded: ValueSpecializedModel, given: dict[str, np.ndarray], dims: dict[str, int]
+) -> Graph:
+    """Shapes decided by the values of some inputs (those must be given) or loaded per input
+    shape (the others are made up from the declared shapes, as for any model)."""
+    feed = dict(given)
+    if loaded.by_shape:
+        feed.update(_declared_inputs(loaded, dims, skip=set(given)))
+    try:
+        return loaded.specialize(feed)
+    except (StaticInputRequiredError, OnnxImportError):
+        raise KnError(
+            f"the model's shapes depend on the values of inputs {loaded.value_inputs}: give "
+            "them with --input NAME=FILE.npy"
+        ) from None
+
+
+def _device(args: argparse.Namespace) -> Device:
     if args.threads is not None and args.threads < 1:
         raise CliError(f"--threads: expected >= 1, found {args.threads}")
     devices = {
@@ -213,15 +263,23 @@ def _run(args: argparse.Namespace) -> int:
         "cuda": Device.cuda,
         "best": Device.best,
     }
-    device = devices[args.device]()
-    fixed = dict(dims0)
-    symbols = set().union(*(graph[v].shape.symbols for v in graph.inputs))
+    return devices[args.device]()
+
+
+def _check_names(
+    graph: Graph,
+    loaded: Graph | ValueSpecializedModel,
+    symbols: set[str],
+    dims: dict[str, int],
+    given: dict[str, np.ndarray],
+) -> None:
+    """--dim names size symbols of the model, --input names its inputs."""
     declared = {
         d.dim_param
         for i in (loaded.model.graph.input if isinstance(loaded, ValueSpecializedModel) else [])
         for d in i.type.tensor_type.shape.dim
     }  # a model loaded per shape has used them already
-    stray = sorted(set(fixed) - symbols - declared - {BATCH})
+    stray = sorted(set(dims) - symbols - declared - {BATCH})
     if stray:
         raise CliError(
             f"--dim names {stray}, which are not size symbols of the model ({sorted(symbols)})"
@@ -231,41 +289,45 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError(
             f"--input names {unknown}, which are not inputs of the model ({graph.input_names})"
         )
+
+
+def _inputs(graph: Graph, dims: dict[str, int], given: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The given inputs, random ones for the others: symbols come from --batch/--dim, then from
+    the shapes of given inputs, else default to 1."""
     given_inputs = [
         (n, v) for n, v in zip(graph.input_names, graph.inputs, strict=True) if n in given
     ]
-    # symbols come from --batch/--dim, then from the shapes of given inputs, else default to 1
     solved = infer_symbols(
         [graph[v].shape for _, v in given_inputs],
         [given[n].shape for n, _ in given_inputs],
         [f"input '{n}'" for n, _ in given_inputs],
-        fixed,
+        dict(dims),
     )
     bindings = {s: 1 for v in graph.inputs for s in graph[v].shape.symbols} | solved
     inputs = random_inputs(graph, bindings)
     for i, name in enumerate(graph.input_names):
         if name in given:
             inputs[i] = given[name]
-    bindings = bind_inputs(graph, inputs)[1]
+    return inputs
 
-    settings = None
-    if device.kind == "cuda":
-        from kn_cuda_eval.cuda.device import ExecutorSettings
 
-        settings = ExecutorSettings(cuda_graphs=not args.no_cuda_graphs, tf32=args.tf32)
-    # a batch size given to prepare fixes the only free symbol: the plan is made (and compiled)
-    # there, as onnxruntime makes its session, so the first evaluation is an evaluation; other
-    # symbols (and data-dependent sizes) are bound per call, so their first evaluation plans
-    lazy = sorted(symbols - {BATCH})
-    if graph.has_dynamic:
-        lazy.append("data-dependent sizes")
-    batch = bindings.get(BATCH) if BATCH in symbols and not lazy else None
-    t0 = time.perf_counter()
-    prepared = device.prepare(graph, batch, settings=settings)
-    t_prepare = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    outputs = prepared.eval(inputs)
-    t_first = time.perf_counter() - t0
+def _settings(device: Device, args: argparse.Namespace) -> object:
+    """The CUDA executor's settings from --no-cuda-graphs and --tf32 (None elsewhere)."""
+    if device.kind != "cuda":
+        return None
+    from kn_cuda_eval.cuda.device import ExecutorSettings
+
+    return ExecutorSettings(cuda_graphs=not args.no_cuda_graphs, tf32=args.tf32)
+
+
+def _print_run(
+    device: Device,
+    graph: Graph,
+    inputs: list[np.ndarray],
+    bindings: dict[str, int],
+    outputs: list[np.ndarray],
+) -> None:
+    """The device, the inputs and their bindings, and each output's shape and checksums."""
     sym = ", ".join(f"{k}={v}" for k, v in sorted(bindings.items()))
     print(
         f"device: {device}  inputs: "
@@ -276,14 +338,16 @@ def _run(args: argparse.Namespace) -> int:
         + (f"  ({sym})" if sym else "")
     )
     for name, a in zip(graph.output_names, outputs, strict=True):
-        checksum = float(np.sum(a.astype(np.float64))) if a.size else 0.0
+        a64 = a.astype(np.float64)
+        checksum = float(np.sum(a64)) if a.size else 0.0
+        mean_abs = float(np.mean(np.abs(a64))) if a.size else 0.0
         print(
-            f"output {name}: {DType.from_np(a.dtype)}{list(a.shape)}  sum={checksum:.6g}  mean_abs={float(np.mean(np.abs(a.astype(np.float64)))) if a.size else 0.0:.6g}"
+            f"output {name}: {DType.from_np(a.dtype)}{list(a.shape)}  sum={checksum:.6g}  "
+            f"mean_abs={mean_abs:.6g}"
         )
-    print(f"prepare: {t_prepare * 1e3:.2f} ms")
-    note = f"  (planned for this binding: {', '.join(lazy)} bound per call)" if lazy else ""
-    print(f"first evaluation: {t_first * 1e3:.2f} ms{note}")
-    times = _steady_times(prepared, inputs, runs if args.bench else None, None if lazy else t_first)
+
+
+def _print_steady(times: list[float]) -> None:
     if times:
         print(
             f"time per evaluation: {statistics.median(times) * 1e3:.2f} ms "
@@ -293,19 +357,17 @@ def _run(args: argparse.Namespace) -> int:
         print(
             f"time per evaluation: not timed (the first took over {QUICK_BUDGET_S:g} s: use --bench)"
         )
-    if (device.kind != "cpu" or device.fast) and not args.no_check:
-        ref = Device.cpu(reference=True).prepare(graph).eval(inputs)
-        print(f"difference from the CPU executor: {_difference(outputs, ref)}")
-    if args.profile:
-        if device.kind == "cpu" and not device.fast:
-            print(
-                "kn-run: --profile times device steps; the reference executor has none (use "
-                "--device cpu or cuda)",
-                file=sys.stderr,
-            )
-        else:
-            print(prepared.profile(inputs))
-    return 0
+
+
+def _print_profile(device: Device, prepared: PreparedGraph, inputs: list[np.ndarray]) -> None:
+    if device.kind == "cpu" and not device.fast:
+        print(
+            "kn-run: --profile times device steps; the reference executor has none (use "
+            "--device cpu or cuda)",
+            file=sys.stderr,
+        )
+    else:
+        print(prepared.profile(inputs))
 
 
 QUICK_RUNS = 5

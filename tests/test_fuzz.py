@@ -32,9 +32,21 @@ def test_fuzzed_models_agree_on_both_executors_or_raise_one_kn_error() -> None:
     assert sum(o.kind == "ran" for o in edges) > CASES // 50, counts
 
 
+def _patch_product(monkeypatch, change) -> None:
+    """`Device.cpu()`'s evaluations (not the reference's) return `change(outputs)`."""
+    from kn_runtime import PreparedGraph
+
+    real = PreparedGraph.eval
+
+    def patched(self: PreparedGraph, inputs: object, **kw: bool) -> list[np.ndarray]:
+        outs = real(self, inputs, **kw)  # type: ignore[arg-type]
+        return change(outs) if self.device.fast else outs
+
+    monkeypatch.setattr(PreparedGraph, "eval", patched)
+
+
 def test_a_product_that_drops_an_output_or_raises_disagrees(monkeypatch, tmp_path) -> None:
     from kn_graph.errors import PlanError
-    from kn_runtime.device import HostDevicePreparedGraph
 
     def case(i: int) -> Outcome:
         workdir = tmp_path / str(len(list(tmp_path.iterdir())))  # a fresh one, as a worker's
@@ -42,30 +54,25 @@ def test_a_product_that_drops_an_output_or_raises_disagrees(monkeypatch, tmp_pat
         return run_case(SEED, i, workdir, "fixtures")
 
     ran = next(i for i in range(50) if case(i).kind == "ran")
-    real = HostDevicePreparedGraph.eval
-    monkeypatch.setattr(HostDevicePreparedGraph, "eval", lambda self, x: real(self, x)[:-1])
+    _patch_product(monkeypatch, lambda outs: outs[:-1])
     o = case(ran)
     assert o.kind == "disagree" and "values != reference" in o.detail, o
 
-    def refuse(self: HostDevicePreparedGraph, inputs: object) -> list[np.ndarray]:
+    def refuse(outs: object) -> list[np.ndarray]:
         raise PlanError("no")
 
-    monkeypatch.setattr(HostDevicePreparedGraph, "eval", refuse)
+    _patch_product(monkeypatch, refuse)
     o = case(ran)
     assert o.kind == "disagree" and "raised PlanError: no where the reference ran" in o.detail
 
 
 def _perturbed(monkeypatch, dtype: type, factor: float) -> None:
     """Device.cpu() returns its positive outputs of `dtype` scaled by `factor`."""
-    from kn_runtime.device import HostDevicePreparedGraph
 
-    real = HostDevicePreparedGraph.eval
-
-    def scaled(self: HostDevicePreparedGraph, inputs: object) -> list[np.ndarray]:
-        outs = real(self, inputs)  # type: ignore[arg-type]
+    def scaled(outs: list[np.ndarray]) -> list[np.ndarray]:
         return [o * factor if o.dtype == dtype and (o > 0).all() else o for o in outs]
 
-    monkeypatch.setattr(HostDevicePreparedGraph, "eval", scaled)
+    _patch_product(monkeypatch, scaled)
 
 
 def _exp_sum_as_f64() -> tuple[Graph, dict[str, np.ndarray]]:

@@ -24,7 +24,7 @@ executor see the same steps):
   cache again when needed.
 
     HostExecutor(plan, threads=None).eval(inputs)          # one plan
-    HostPreparedGraph(graph, batch_size=None).eval(inputs) # a plan per binding of the sizes
+    host_executor(graph, bindings, threads, shared)        # planned at a binding of the sizes
 
 Threads: one number (default: the cores this process may run on) for the C steps, for OpenMP
 (oneDNN's team) and for OpenBLAS (threadpoolctl when installed, else OpenBLAS's own setter).
@@ -37,7 +37,6 @@ unless set), so the pools take turns instead of spinning beside each other.
 from __future__ import annotations
 
 import bisect
-import collections
 import ctypes
 import functools
 import hashlib
@@ -62,22 +61,20 @@ from kn_cuda_eval.planning.plan import plan as make_plan
 from kn_cuda_eval.planning.planner import PlanSettings
 from kn_cuda_eval.planning.profile import Profile, ProfileRow
 from kn_cuda_eval.planning.view import StridedView
-from kn_graph.binding import available_bytes, bind_shapes
+from kn_graph.binding import available_bytes
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
 from kn_graph.filemap import release_pages
 from kn_graph.graph import Graph
 from kn_graph.ops import Conv
-from kn_graph.shape import BATCH
 
 __all__ = [
-    "DEFAULT_MAX_BINDINGS",
     "HostArena",
     "HostExecutor",
     "HostLibrary",
-    "HostPreparedGraph",
     "SharedMemory",
     "default_threads",
+    "host_executor",
 ]
 
 log = logging.getLogger(__name__)
@@ -1011,79 +1008,20 @@ def host_plan_settings(graph: Graph) -> PlanSettings:
     return PlanSettings(fuse_conv_relu=fuse.relu_agrees(DType.F32))
 
 
-DEFAULT_MAX_BINDINGS = 8
-"""Executors a prepared graph keeps, one per binding of its size symbols (least recently used
-first out): 8 covers a batch, a few sequence-length buckets and image sizes while bounding
-what a stream of distinct shapes can hold. They share one arena, the packed weights and
-oneDNN's workspace, so each one kept costs its oneDNN primitives and compiled steps only."""
-
-
-class HostPreparedGraph:
-    """A graph on the host executor: one plan and `HostExecutor` per binding of the size symbols
-    (made on first use, or at once when the inputs have no symbols or `batch_size` fixes every
-    one), at most `max_bindings` kept (least recently used first out). Every binding's executor
-    runs in one arena that grows to the largest binding seen, with the weights packed once
-    (`SharedMemory`): memory stays flat under changing shapes once the largest has been seen."""
-
-    def __init__(
-        self,
-        graph: Graph,
-        batch_size: int | None = None,
-        threads: int | None = None,
-        settings: PlanSettings | None = None,
-        *,
-        max_bindings: int = DEFAULT_MAX_BINDINGS,
-        eager: bool = True,
-    ) -> None:
-        """`eager=False`: nothing is planned before the first `executor(bindings)` (a segment of
-        a graph run in segments, whose runner binds its sizes)."""
-        self.graph = graph
-        self.batch_size = batch_size
-        self.threads = threads
-        self.settings = settings if settings is not None else host_plan_settings(graph)
-        self.max_bindings = max(1, int(max_bindings))
-        self.memory = SharedMemory.make()
-        self.executors: collections.OrderedDict[tuple[tuple[str, int], ...], HostExecutor] = (
-            collections.OrderedDict()
-        )
-        self.built = 0  # executors made, rebuilds after the arena grew included
-        self._lock = threading.RLock()
-        symbols = (
-            set().union(*(graph[v].shape.symbols for v in graph.inputs)) if graph.inputs else set()
-        )
-        # planned at once when nothing is left to bind (onnxruntime's session does all its
-        # work up front too): the first evaluation then costs what every other one does
-        if eager and (not symbols or (batch_size is not None and symbols <= {BATCH})):
-            self.executor({BATCH: batch_size} if BATCH in symbols else {})
-
-    def executor(self, bindings: Mapping[str, int], *, check: bool = True) -> HostExecutor:
-        """The executor of these symbol values (made, or rebuilt over a grown arena, when
-        needed). `check`: a symbol no value binds is the reference's error first (a segment's
-        runner binds what its plan needs itself)."""
-        key = tuple(sorted(bindings.items()))
-        ex = self.executors.get(key)
-        if ex is not None and ex.stale:  # built over an arena a larger binding replaced
-            self.executors.pop(key).close()
-            ex = None
-        if ex is None:
-            if check:
-                _check_bound(self.graph, bindings)
-            p = make_plan(self.graph, bindings=dict(bindings), settings=self.settings)
-            ex = HostExecutor(p, self.threads, shared=self.memory)
-            self.built += 1
-            for old in [k for k, e in self.executors.items() if e.stale]:  # the arena grew:
-                self.executors.pop(old).close()  # the old mapping goes with them
-            self.executors[key] = ex
-            while len(self.executors) > self.max_bindings:
-                self.executors.popitem(last=False)[1].close()
-        else:
-            self.executors.move_to_end(key)
-        return ex
-
-    def eval(self, inputs: Inputs) -> list[np.ndarray]:
-        with self._lock:
-            return self.executor(bind_shapes(self.graph, inputs, self.batch_size)).eval(inputs)
-
-    def profile(self, inputs: Inputs) -> Profile:
-        with self._lock:
-            return self.executor(bind_shapes(self.graph, inputs, self.batch_size)).profile(inputs)
+def host_executor(
+    graph: Graph,
+    bindings: Mapping[str, int],
+    threads: int | None,
+    shared: SharedMemory,
+    settings: PlanSettings | None = None,
+) -> HostExecutor:
+    """`graph` planned at these symbol values (`settings` None: `host_plan_settings`) and built
+    over `shared`, the memory of every executor of this graph (`kn_runtime`'s CPU backend keeps
+    one per binding). A symbol no value binds is the reference executor's error, first."""
+    _check_bound(graph, bindings)
+    p = make_plan(
+        graph,
+        bindings=dict(bindings),
+        settings=settings if settings is not None else host_plan_settings(graph),
+    )
+    return HostExecutor(p, threads, shared=shared)

@@ -34,17 +34,19 @@ import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from kn_cuda_eval.planning.cache import BindingCache, binding_key
 from kn_graph.binding import bind_shapes, inputs_in_order
 from kn_graph.dynamic import bind_results, outer_bindings, run_dynamic
 from kn_graph.errors import EvaluationError, KnError
 from kn_graph.graph import Graph
 from kn_graph.ops import Constant, Dynamic, Input, Slice, Value
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from kn_cuda_eval.planning.plan import Plan
 
 __all__ = [
     "HostPoint",
@@ -52,7 +54,6 @@ __all__ = [
     "SegmentedGraph",
     "SegmentedRunner",
     "emulate_graph",
-    "per_binding",
     "split",
 ]
 
@@ -273,21 +274,20 @@ class SegmentedRunner:
         return arr
 
 
-def per_binding(
-    make: Callable[[Segment, dict[str, int]], T], run: Callable[[T, Sequence[Any]], list[Any]]
-) -> SegmentRun:
-    """A `SegmentRun` that builds one executor per segment and binding with `make(segment,
-    bindings)` (a plan, a device executor), keeps it, and runs it with `run(executor, arrays)`."""
-    built: dict[tuple[int, tuple[tuple[str, int], ...]], T] = {}
+EMULATOR_MAX_BINDINGS = 64
+"""Plans the emulator keeps per segment (least recently used first out): enough for the
+sequence lengths of a decoding Loop."""
 
-    def run_segment(seg: Segment, arrays: Sequence[Any], bindings: Mapping[str, int]) -> list:
-        key = (seg.graph.id, tuple(sorted(bindings.items())))
-        ex = built.get(key)
-        if ex is None:
-            ex = built[key] = make(seg, dict(bindings))
-        return run(ex, arrays)
 
-    return run_segment
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """A segment's plan as the emulator's cache keeps it: nothing to close, never stale."""
+
+    plan: Plan
+    stale: ClassVar[bool] = False
+
+    def close(self) -> None:
+        pass
 
 
 @functools.cache
@@ -295,12 +295,16 @@ def _emulator_runner() -> SegmentedRunner:
     from kn_cuda_eval.planning.emulator import emulate
     from kn_cuda_eval.planning.plan import plan
 
-    return SegmentedRunner(
-        per_binding(
-            lambda seg, b: plan(seg.graph, bindings=b),
-            lambda p, arrays: emulate(p, [np.asarray(a) for a in arrays]),
-        )
-    )
+    plans = BindingCache[_Planned](EMULATOR_MAX_BINDINGS)
+
+    def run_segment(seg: Segment, arrays: Sequence[Any], bindings: Mapping[str, int]) -> list:
+        def make() -> _Planned:
+            return _Planned(plan(seg.graph, bindings=dict(bindings)))
+
+        planned = plans.get(seg.graph.id, binding_key(bindings), make)
+        return emulate(planned.plan, [np.asarray(a) for a in arrays])
+
+    return SegmentedRunner(run_segment)
 
 
 def emulate_graph(graph: Graph, inputs: Any) -> list[np.ndarray]:

@@ -10,20 +10,20 @@ import pytest
 
 from kn_graph.errors import ArgumentTypeError, ArgumentValueError
 from kn_graph.optimizer import optimize
-from kn_runtime import Device
+from kn_runtime import Device, PreparedGraph
+from kn_runtime.backend import HostBackend
 from kn_runtime.cli import main as kn_run
-from kn_runtime.device import HostDevicePreparedGraph
 from tests.kn_cuda_eval.corpus import cases
 from tests.kn_cuda_eval.helpers import assert_close
 
 
 @pytest.mark.parametrize("name", ["resnet_hw_dynamo", "gpt2_ts", "yolo_nms", "loop_decode"])
 def test_fast_cpu_matches_the_reference(name: str) -> None:
-    prepared: dict[int, HostDevicePreparedGraph] = {}
+    prepared: dict[int, PreparedGraph] = {}
     for graph, feed, _ in cases(name):
         g = optimize(graph)
         p = prepared.setdefault(id(g), Device.cpu(threads=2).prepare(g))
-        assert isinstance(p, HostDevicePreparedGraph)
+        assert isinstance(p.backend, HostBackend)
         want = Device.cpu(reference=True).prepare(graph).eval(feed)
         for k, (a, b) in enumerate(zip(p.eval(feed), want, strict=True)):
             assert_close(a, b, f"{name} output {k}")
@@ -35,7 +35,7 @@ def test_fast_cpu_arguments() -> None:
     assert Device.best() == Device.cpu()  # no GPU in CI
     assert str(Device.cpu()) == "cpu (plan on the host)"
     assert str(Device.cpu(reference=True)) == "cpu (reference executor)"
-    assert isinstance(Device.cpu().prepare(cases("gpt2_ts")[0][0]), HostDevicePreparedGraph)
+    assert isinstance(Device.cpu().prepare(cases("gpt2_ts")[0][0]).backend, HostBackend)
     with pytest.raises(ArgumentTypeError, match="threads must be an int"):
         Device.cpu(threads="2")  # type: ignore[arg-type]
     with pytest.raises(ArgumentValueError, match="threads must be >= 1"):

@@ -265,7 +265,7 @@ def test_the_convolutions_own_relu_keeps_nan() -> None:
     """The planner's conv → relu fusion (`st.Conv.relu`) runs as oneDNN's eltwise relu. Where
     that loses NaN (x86 JIT: max(x, 0)) the CPU backend plans with the relu out of the
     convolution (`host_plan_settings`), an elementwise step of its own."""
-    from kn_cuda_eval.cpu.executor import HostPreparedGraph, host_plan_settings
+    from kn_cuda_eval.cpu.executor import host_plan_settings
 
     g = _conv_act_graph(lambda g, c: c, relu_first=True)
     x = _special_input()
@@ -275,7 +275,7 @@ def test_the_convolutions_own_relu_keeps_nan() -> None:
     assert_close(got, ref, "conv relu")
     keeps = onednn.available() is not None or fuse.relu_agrees(DType.F32)
     assert host_plan_settings(g).fuse_conv_relu == keeps
-    (ex,) = HostPreparedGraph(g, threads=1).executors.values()
+    (ex,) = Device.cpu(threads=1).prepare(g).cache.values()
     convs = [s for s in ex.plan.steps if isinstance(s, st.Conv)]
     assert len(convs) == 2 and convs[0].relu == keeps and not convs[1].relu
 

@@ -22,7 +22,7 @@ import scipy.special
 
 from kn_cuda_eval import Plan, PlanSettings, plan
 from kn_cuda_eval.cpu import build
-from kn_cuda_eval.cpu.executor import HostExecutor, HostLibrary, HostPreparedGraph
+from kn_cuda_eval.cpu.executor import HostExecutor, HostLibrary
 from kn_cuda_eval.cuda.hostcheck.sweep import run_planner_tests
 from kn_cuda_eval.planning import steps
 from kn_cuda_eval.planning.emulator import view_array
@@ -31,6 +31,7 @@ from kn_graph.errors import EvaluationError, KnError
 from kn_graph.ops import BinaryOp
 from kn_graph.optimizer import optimize
 from kn_graph.reference import evaluate
+from kn_runtime import Device
 from tests.kn_cuda_eval.corpus import FIXTURES, cases
 from tests.kn_cuda_eval.helpers import assert_close, mapping_fields
 
@@ -238,14 +239,14 @@ def test_gather_index_out_of_range_names_the_step() -> None:
 def test_prepared_graph_plans_per_binding_and_profiles() -> None:
     name = FIXTURES[0]["name"]
     c0 = corpus(name)[0]
-    prepared = HostPreparedGraph(c0.graph)
+    prepared = Device.cpu().prepare(c0.graph)
     feeds = [c.inputs for c in corpus(name) if c.graph is c0.graph]
     for feed in feeds:
         for a, b in zip(prepared.eval(feed), evaluate(c0.graph, feed), strict=True):
             assert_close(a, b, name)
-    assert len(prepared.executors) >= 1
+    assert len(prepared.cache) >= 1
     prof = prepared.profile(feeds[0])
-    ex = next(iter(prepared.executors.values()))
+    ex = prepared.executor(prepared.check_inputs(feeds[0]))
     assert [r.step for r in prof.rows] == list(range(len(ex.plan.steps)))
     assert "by kind:" in prof.table()
 
@@ -463,8 +464,8 @@ def test_mapped_weights_are_copied_one_at_a_time_and_leave_memory(
         built(self, k, packed)
 
     monkeypatch.setattr(hx._Release, "built", watch)
-    p = HostPreparedGraph(g, threads=2)  # static: built at once
-    (ex,) = p.executors.values()
+    p = Device.cpu(threads=2).prepare(g)  # static: built at once
+    (ex,) = p.cache.values()
     assert_close(p.eval([x])[0], want, "mapped weights")
     assert _resident(file_map) <= 64 * 1024  # the file's pages left
     assert_close(evaluate(g, [x])[0], want, "the graph reads them again")

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval.cpu import onednn
-from kn_cuda_eval.cpu.executor import HostPreparedGraph
 from kn_graph.dtype import DType
 from kn_graph.graph import Graph
 from kn_graph.reference import evaluate
@@ -63,7 +62,7 @@ def test_bindings_share_one_arena_and_the_weights_packed_once() -> None:
     # old one go with it; each size was built once
     counts = [m["executors"] for m in seen]
     assert all(b <= a + 1 for a, b in itertools.pairwise(counts)), counts
-    assert p._whole.built == len(sizes)  # type: ignore[attr-defined]
+    assert p.cache.built == len(sizes)
     if onednn.available() is None:
         # every binding after the first found its weights packed (a layout a new size picks
         # may add one; none here grows the store past the first binding's twice)
@@ -71,12 +70,12 @@ def test_bindings_share_one_arena_and_the_weights_packed_once() -> None:
         assert all(m["packed"] <= 2 * seen[0]["packed"] for m in seen), seen
         assert seen[-1]["packed"] == seen[3]["packed"]  # nothing new for a size seen before
     # one arena, grown to the largest binding (with headroom), not one per binding
-    (whole,) = [p._whole]  # type: ignore[attr-defined]
-    largest = max(ex.arena.size for ex in whole.executors.values())
+    executors = p.cache.values()
+    largest = max(ex.arena.size for ex in executors)  # type: ignore[attr-defined]
     assert seen[-1]["arena"] <= largest * 5 // 4 + 2 * 4096
-    bases = {ex.arena.ctypes.data for ex in whole.executors.values()}
+    bases = {ex.arena.ctypes.data for ex in executors}  # type: ignore[attr-defined]
     assert len(bases) == 1, "every executor runs in the same arena"
-    assert not any(ex.stale for ex in whole.executors.values())
+    assert not any(ex.stale for ex in executors)
 
 
 def test_the_executor_cache_is_bounded_and_rebuilds_what_it_evicted() -> None:
@@ -85,23 +84,22 @@ def test_the_executor_cache_is_bounded_and_rebuilds_what_it_evicted() -> None:
     for hw, s in [(8, 5), (9, 6), (10, 7), (8, 5)]:  # the last one was evicted
         _check(p, g, _feed(hw, s), f"h=w={hw}, s={s}")
         assert p.memory()["executors"] <= 2
-    whole = p._whole  # type: ignore[attr-defined]
-    assert whole.built >= 4
-    keys = list(whole.executors)
+    assert p.cache.built >= 4
+    keys = p.cache.keys(g.id)
     assert keys[-1] == (("h", 8), ("s", 5), ("w", 8))  # most recently used last
 
 
 def test_a_larger_binding_replaces_the_arena_and_older_executors_are_rebuilt() -> None:
     g, _ = _dynamic_model()
-    p = HostPreparedGraph(g, threads=2)
+    p = Device.cpu(threads=2).prepare(g)
     small = _feed(6, 3)
     _check(p, g, small, "small")
-    ex_small = next(iter(p.executors.values()))
+    (ex_small,) = p.cache.values()
     _check(p, g, _feed(24, 40), "large")  # more than the arena's headroom
     assert ex_small.stale
     _check(p, g, small, "small again, over the new arena")
-    assert not next(iter(p.executors.values())).stale
-    assert p.built == 3
+    assert not any(ex.stale for ex in p.cache.values())
+    assert p.cache.built == 3
 
 
 def test_a_packed_constant_that_is_also_an_output_keeps_its_bytes() -> None:
@@ -127,11 +125,11 @@ def test_the_arena_is_a_private_mapping() -> None:
     """Pages given back from a shared mapping move to shared memory (VmRSS stops counting them,
     the machine still holds them); a private mapping frees them."""
     g, _ = _dynamic_model()
-    p = HostPreparedGraph(g, threads=2)
+    p = Device.cpu(threads=2).prepare(g)
     _check(p, g, _feed(8, 5), "one binding")
-    (ex,) = p.executors.values()
-    assert "sh" not in _vm_flags(ex.arena.ctypes.data)
-    ws = p.memory.workspace
+    (ex,) = p.cache.values()
+    assert "sh" not in _vm_flags(ex.arena.ctypes.data)  # type: ignore[attr-defined]
+    ws = p.backend.shared(g).workspace  # type: ignore[attr-defined]
     if ws is not None and ws.mapped:
         assert "sh" not in _vm_flags(ws._block[1].ctypes.data)
 
@@ -187,6 +185,7 @@ def test_alternating_bindings_of_an_export_share_the_arena_and_stay_right() -> N
             np.zeros((1, s), np.int64),
         ]
         _check(p, g, feed, f"seq={s}")
-    whole = p._whole  # type: ignore[attr-defined]
-    assert len({ex.arena.ctypes.data for ex in whole.executors.values()}) == 1
-    assert all(ex._home is whole.memory.arena for ex in whole.executors.values())
+    executors = p.cache.values()
+    assert len({ex.arena.ctypes.data for ex in executors}) == 1  # type: ignore[attr-defined]
+    arena = p.backend.shared(g).arena  # type: ignore[attr-defined]
+    assert all(ex._home is arena for ex in executors)  # type: ignore[attr-defined]

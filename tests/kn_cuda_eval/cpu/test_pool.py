@@ -200,7 +200,7 @@ def test_the_gomp_spin_count_is_set_from_the_timed_pause_before_libgomp_loads() 
     code = (
         "import os\n"
         "from kn_cuda_eval.cpu import build\n"
-        "from kn_cuda_eval.cpu.executor import HostPreparedGraph\n"
+        "from kn_runtime import Device\n"
         "from kn_graph import DType, Graph, Shape\n"
         "build.GOMP_SPIN_NS = 30_000\n"
         "tp = build.pool()\n"
@@ -208,7 +208,7 @@ def test_the_gomp_spin_count_is_set_from_the_timed_pause_before_libgomp_loads() 
         "g = Graph()\n"
         "x = g.input(Shape.of(1, 2, 8), DType.F32, 'x')\n"
         "g.add_output(g.matmul(x, g.input(Shape.of(1, 8, 4), DType.F32, 'w')), 'y')\n"
-        "HostPreparedGraph(g, threads=2)\n"
+        "Device.cpu(threads=2).prepare(g)\n"
         "print(os.environ['GOMP_SPINCOUNT'], tp.pause_ns)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}

@@ -15,9 +15,8 @@ from kn_cuda_eval.cuda.device import calls
 from kn_cuda_eval.cuda.device.__main__ import main as device_main
 from kn_graph import DType, Graph, Shape, Size
 from kn_graph.errors import CudaUnavailableError, InputMismatchError, KnError
-from kn_runtime import Device
+from kn_runtime import Device, PreparedGraph
 from kn_runtime.cli import main as kn_run
-from kn_runtime.device import CudaPreparedGraph
 from tests.kn_cuda_eval.cuda.fake_device import FakeApi
 from tests.kn_cuda_eval.helpers import gpu_problem
 
@@ -100,13 +99,13 @@ def _batched() -> Graph:
 def test_cuda_prepared_graphs_keep_one_executor_per_binding(fake: FakeApi) -> None:
     g = _batched()
     prepared = Device("cuda", 0).prepare(g)
-    assert isinstance(prepared, CudaPreparedGraph) and not prepared.executors
+    assert isinstance(prepared, PreparedGraph) and not prepared.cache
     for b in (1, 3, 1):
         x = np.random.default_rng(b).standard_normal((b, 4)).astype(np.float32)
         want = Device.cpu().prepare(g).eval([x])[0]
         got = prepared.eval([x])[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    assert sorted(prepared.executors) == [(("B", 1),), (("B", 3),)]
+    assert sorted(prepared.cache.keys(g.id)) == [(("B", 1),), (("B", 3),)]
     prof = prepared.profile({"x": np.ones((3, 4), np.float32)})
     assert [r.kind for r in prof.rows] == ["matmul", "softmax"]
     with pytest.raises(InputMismatchError, match="expected dtype f32"):
@@ -121,17 +120,27 @@ def test_cuda_prepared_graphs_keep_at_most_max_bindings_executors(fake: FakeApi)
         x = np.random.default_rng(b).standard_normal((b, 4)).astype(np.float32)
         want = Device.cpu(reference=True).prepare(g).eval([x])[0]
         np.testing.assert_allclose(prepared.eval([x])[0], want, rtol=1e-5, atol=1e-6)
-        made.append(prepared.executors[(("B", b),)])
-    assert list(prepared.executors) == [(("B", 3),), (("B", 1),)]
+        made.append(prepared.executor({"B": b}).executor)  # type: ignore[attr-defined]
+    assert prepared.cache.keys(g.id) == [(("B", 3),), (("B", 1),)]
     assert made[3] is not made[0]  # B=1 was evicted (and closed) by B=3, then made again
     assert not made[0]._open and made[3]._open
 
 
 def test_a_fixed_batch_builds_the_executor_at_once(fake: FakeApi) -> None:
-    prepared = Device("cuda", 0).prepare(_batched(), batch_size=2)
-    assert isinstance(prepared, CudaPreparedGraph) and list(prepared.executors) == [(("B", 2),)]
+    g = _batched()
+    prepared = Device("cuda", 0).prepare(g, batch_size=2)
+    assert prepared.cache.keys(g.id) == [(("B", 2),)]
     out = prepared.eval([np.ones((2, 4), np.float32)], return_device=True)[0]
     assert out.shape == (1, 2, 5) and np.allclose(out.get().sum(axis=2), 1)
+
+
+def test_a_static_graph_builds_its_executor_at_once(fake: FakeApi) -> None:
+    """Nothing left to bind: planned and compiled at prepare time, as on the CPU."""
+    g = Graph()
+    g.add_output(g.relu(g.input(Shape.of(2, 4), DType.F32, "x")), "y")
+    prepared = Device("cuda", 0).prepare(g)
+    assert prepared.cache.keys(g.id) == [()]
+    np.testing.assert_array_equal(prepared.eval([np.ones((2, 4), np.float32)])[0], 1)
 
 
 def test_kn_run_on_the_fake_device(
@@ -151,8 +160,6 @@ def test_kn_run_on_the_fake_device(
 def test_data_dependent_graphs_run_in_segments_on_the_device(fake: FakeApi) -> None:
     """NonZero picks rows for a MatMul: a CUDA device runs the graph segment by segment, one
     executor per segment and binding of its run-time sizes, values staying on the device."""
-    from kn_runtime.device import SegmentedCudaPreparedGraph
-
     g = Graph()
     x = g.input(Shape.of(Size.sym("n"), 4), DType.F32, "x")
     n = g.fresh_symbol("nonzero")
@@ -162,7 +169,6 @@ def test_data_dependent_graphs_run_in_segments_on_the_device(fake: FakeApi) -> N
     w = g.constant(np.arange(12, dtype=np.float32).reshape(1, 4, 3) / 7)
     g.add_output(g.matmul(g.view(rows, Shape.of(1, n, 4)), w), "y")
     prepared = Device("cuda", 0).prepare(g)
-    assert isinstance(prepared, SegmentedCudaPreparedGraph)
     rng = np.random.default_rng(4)
     six, eleven = (rng.standard_normal((n, 4)).astype(np.float32) for n in (6, 11))
     for xs in (six, eleven, six):
@@ -171,4 +177,4 @@ def test_data_dependent_graphs_run_in_segments_on_the_device(fake: FakeApi) -> N
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     # per binding: the mask segment (n) and the gathered MatMul's (n, nonzero0); six reuses both
-    assert len(prepared.executors) == 4, len(prepared.executors)
+    assert len(prepared.cache) == 4, len(prepared.cache)

@@ -1,0 +1,270 @@
+"""`PreparedGraph`: a graph bound to a device, the same for every device. Per call it binds the
+size symbols from the input shapes once, then runs a pure graph on the backend's executor for
+that binding (built on first use, kept in a `BindingCache`), a graph with data-dependent ops
+segment by segment (`kn_cuda_eval.planning.segments.SegmentedRunner`, each segment's executors
+in the same cache), and a `ValueSpecializedModel` through the graph its shape-deciding values
+pick (`ValueSpecializing`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from kn_graph.binding import bind_inputs, bind_shapes, inputs_in_order
+from kn_graph.errors import KnError
+from kn_graph.graph import Graph
+from kn_graph.shape import BATCH
+from kn_runtime.backend import Backend, Executor
+
+if TYPE_CHECKING:
+    from kn_cuda_eval.planning.cache import BindingCache
+    from kn_cuda_eval.planning.segments import Segment, SegmentedRunner
+    from kn_graph.onnx import ValueSpecializedModel
+
+__all__ = ["DEFAULT_MAX_BINDINGS", "PreparedGraph", "ValueSpecializing"]
+
+log = logging.getLogger(__name__)
+
+Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
+
+DEFAULT_MAX_BINDINGS = 8
+"""Executors a prepared graph keeps per graph (a whole graph, each segment of one), one per
+binding of its size symbols (least recently used first out), and prepared graphs a
+value-specialized model keeps, one per distinct value: 8 covers a batch, a few sequence-length
+buckets and image sizes while bounding what a stream of distinct shapes can hold. On the CPU
+they share one arena, the packed weights and oneDNN's workspace, so each one kept costs its
+oneDNN primitives and compiled steps only."""
+
+
+class PreparedGraph:
+    """A graph bound to a device (and optionally to a batch size): `eval`, `profile`,
+    `check_inputs`, and on the CPU backend `memory()`. Thread-safe: evaluations of one prepared
+    graph take turns (one arena, one stream per executor); the reference executor keeps no
+    state, so its evaluations run side by side."""
+
+    stale: ClassVar[bool] = False
+    """As kept in a `BindingCache` (a value-specialized model's graphs): never stale, it
+    rebuilds what went stale itself."""
+
+    def __init__(
+        self,
+        graph: Graph | ValueSpecializing,
+        device: Any,
+        batch_size: int | None,
+        backend: Backend,
+        max_bindings: int = DEFAULT_MAX_BINDINGS,
+    ) -> None:
+        """`graph`: a graph, or a value-specialized model's graphs (`ValueSpecializing`, which
+        prepares each on the device itself); `device`: the `kn_runtime.Device`."""
+        from kn_cuda_eval.planning.cache import BindingCache
+
+        self.device = device
+        self.batch_size = batch_size
+        self.backend = backend
+        self.max_bindings = max_bindings
+        self.cache: BindingCache[Executor] = BindingCache(max_bindings)
+        """The executors kept: per graph (`graph.id`: the whole graph or one segment), one per
+        binding of its size symbols."""
+        self._lock = threading.RLock()
+        self._graph: Graph | None = None
+        self._specializing: ValueSpecializing | None = None
+        self._direct: Executor | None = None  # the reference executor: every binding
+        self._runner: SegmentedRunner | None = None
+        if isinstance(graph, ValueSpecializing):
+            self._specializing = graph
+            return
+        self._graph = graph
+        uses_batch = any(BATCH in graph[v].shape.symbols for v in graph.inputs)
+        if batch_size is not None and graph.inputs and not uses_batch:
+            log.info("batch size %d given but no input has a batch axis", batch_size)
+        if not backend.per_binding:
+            self._direct = backend.executor(
+                graph, {} if batch_size is None else {BATCH: batch_size}
+            )
+        elif graph.has_dynamic:
+            from kn_cuda_eval.planning.segments import SegmentedRunner
+
+            self._runner = SegmentedRunner(self._run_segment)
+        else:
+            fixed = self._fixed_bindings()
+            if fixed is not None:
+                self.executor(fixed)
+
+    def _fixed_bindings(self) -> dict[str, int] | None:
+        """The binding of a graph with nothing left to bind (no size symbol in its inputs, or
+        only B with a batch size): planned at once, as onnxruntime's session does all its work
+        up front, so that the first evaluation costs what every other one does."""
+        graph = self.graph
+        symbols = set().union(*(graph[v].shape.symbols for v in graph.inputs))
+        if not symbols:
+            return {}
+        if self.batch_size is not None and symbols == {BATCH}:
+            return {BATCH: self.batch_size}
+        return None
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            assert self._specializing is not None
+            raise KnError(
+                f"this model's shapes depend on the values of "
+                f"{self._specializing.model.value_inputs}: there is one graph per value "
+                "(model.specialize(values))"
+            )
+        return self._graph
+
+    def executor(self, bindings: Mapping[str, int]) -> Executor:
+        """The executor of the whole graph at these symbol values (planned, compiled and
+        allocated once, or again after it went stale or was evicted)."""
+        return self._executor(self.graph, bindings)
+
+    def _executor(self, graph: Graph, bindings: Mapping[str, int]) -> Executor:
+        from kn_cuda_eval.planning.cache import binding_key
+
+        def make() -> Executor:
+            return self.backend.executor(graph, bindings)
+
+        return self.cache.get(graph.id, binding_key(bindings), make)
+
+    def _kw(self, return_device: bool) -> dict[str, bool]:
+        """Where outputs go: device memory when asked and the backend has any (a host backend's
+        arrays are where they were made)."""
+        return {"return_device": True} if return_device and self.backend.device_arrays else {}
+
+    def _run_segment(
+        self, seg: Segment, arrays: Sequence[Any], bindings: Mapping[str, int]
+    ) -> list[Any]:
+        return self._executor(seg.graph, bindings).eval(list(arrays), **self._kw(True))
+
+    def eval(self, inputs: Inputs, *, return_device: bool = False) -> list[Any]:
+        """Evaluate for a list of arrays in input order (or a name → array map): NumPy arrays
+        (or, on a CUDA device, device arrays) in, NumPy arrays out, or with `return_device=True`
+        device arrays. Checks count, dtype and shape of every input (InputMismatchError /
+        ShapeMismatchError). A value-specialized model's sequence outputs are lists."""
+        if self._specializing is not None:
+            return self._specializing.eval(inputs, return_device)
+        if self._direct is not None:
+            return self._direct.eval(inputs)
+        with self._lock:
+            if self._runner is not None:
+                host = not (return_device and self.backend.device_arrays)
+                return self._runner.run(self.graph, inputs, self.batch_size, host_outputs=host)
+            ex = self.executor(bind_shapes(self.graph, inputs, self.batch_size))
+            return ex.eval(inputs, **self._kw(return_device))
+
+    def profile(self, inputs: Inputs) -> Any:
+        """Per-step device times of one evaluation (`kn_cuda_eval.planning.profile.Profile`):
+        the CPU backend and CUDA devices."""
+        if self._specializing is not None:
+            prepared, rest = self._specializing.pick(inputs)
+            return prepared.profile(rest)
+        if self._direct is not None:
+            return self._direct.profile(inputs)
+        if self._runner is not None:
+            raise KnError(
+                "profiling a graph with data-dependent ops (run in segments) is not supported"
+            )
+        with self._lock:
+            return self.executor(bind_shapes(self.graph, inputs, self.batch_size)).profile(inputs)
+
+    def check_inputs(self, inputs: Inputs) -> dict[str, int]:
+        """The symbol bindings the inputs imply (raises on any mismatch)."""
+        if self._specializing is not None:
+            prepared, rest = self._specializing.pick(inputs)
+            return prepared.check_inputs(rest)
+        return bind_inputs(self.graph, inputs, self.batch_size)[1]
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this prepared graph holds (the CPU backend): its arenas (the mapped size, pages
+        given back included), the packed weights, oneDNN's workspace, and the executors kept."""
+        if self._specializing is not None:
+            total: dict[str, int] = {}
+            for prepared in self._specializing.prepared():
+                for k, v in prepared.memory().items():
+                    total[k] = total.get(k, 0) + v
+            return total
+        with self._lock:  # not while an evaluation makes a segment's memory
+            held = self.backend.memory()
+            if held is None:
+                raise KnError(f"memory(): {self.device} does not report what it holds")
+            return held | {"executors": len(self.cache)}
+
+    def close(self) -> None:
+        """Close every executor kept (their device memory, oneDNN primitives and arenas go);
+        the prepared graph builds them again when evaluated."""
+        with self._lock:
+            if self._specializing is not None:
+                self._specializing.close()
+            self.cache.clear()
+            self.backend.close()
+
+    def __repr__(self) -> str:
+        if self._specializing is not None:
+            return f"<PreparedGraph on {self.device}, {self._specializing.model!r}>"
+        return (
+            f"<PreparedGraph on {self.device}, batch_size={self.batch_size}, "
+            f"{len(self.graph)} values>"
+        )
+
+
+class ValueSpecializing:
+    """A `ValueSpecializedModel` on a device: per call, the values of the shape-deciding inputs
+    pick (or load, once) a graph in which they are constants; that graph is prepared on the
+    device and evaluated with the other inputs. The prepared graphs of the last `max_bindings`
+    distinct values are kept (least recently used first out, closed). `prepare` is the
+    device's, with the batch size, settings and bound of the prepared model."""
+
+    def __init__(
+        self,
+        model: ValueSpecializedModel,
+        prepare: Callable[[Graph], PreparedGraph],
+        max_bindings: int,
+    ) -> None:
+        from kn_cuda_eval.planning.cache import BindingCache
+
+        self.model = model
+        self._prepare = prepare
+        self._prepared: BindingCache[PreparedGraph] = BindingCache(max_bindings)
+        self._lock = threading.Lock()  # one load per new value, whichever thread asks first
+
+    def pick(self, inputs: Inputs) -> tuple[PreparedGraph, dict[str, Any]]:
+        """The prepared graph of these inputs' values, and the inputs it takes (by name)."""
+        names = self.model.input_names
+        by_name = dict(zip(names, inputs_in_order(names, inputs, "model"), strict=True))
+        with self._lock:
+            graph = self.model.specialize({k: _pinned(v) for k, v in by_name.items()})
+            # the model keeps its graphs: one graph per value, its id the key
+            prepared = self._prepared.get(None, graph.id, lambda: self._prepare(graph))
+        rest = {}
+        for n in graph.input_names:
+            if n in by_name:
+                rest[n] = by_name[n]
+            else:  # element i of a sequence input, `name.i`
+                base, _, i = n.rpartition(".")
+                rest[n] = by_name[base][int(i)]
+        return prepared, rest
+
+    def eval(self, inputs: Inputs, return_device: bool) -> list[Any]:
+        """Outputs in the model's terms: a sequence output is a list of arrays."""
+        from kn_graph.onnx.sequences import regroup_outputs
+
+        prepared, rest = self.pick(inputs)
+        outs = prepared.eval(rest, return_device=return_device)
+        return regroup_outputs(self.model.model, prepared.graph, outs)
+
+    def prepared(self) -> list[PreparedGraph]:
+        return self._prepared.values()
+
+    def close(self) -> None:
+        self._prepared.clear()
+
+
+def _pinned(v: Any) -> Any:
+    """A model input as `specialize` takes it: an array, or a list of arrays (a sequence)."""
+    if isinstance(v, list | tuple):
+        return [np.asarray(a) for a in v]
+    return np.asarray(v)

@@ -1,0 +1,81 @@
+"""The one `PreparedGraph` on each backend: executors per binding in its cache (bounded, eager
+when nothing is left to bind), `memory()` where the backend reports it, `close()`, and a
+value-specialized model's graphs kept per distinct value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from kn_graph import DType, Graph, Shape, Size
+from kn_graph.errors import KnError
+from kn_graph.onnx import ValueSpecializedModel, load_onnx
+from kn_runtime import Device
+
+
+def _graph(batch: Size | int) -> Graph:
+    g = Graph()
+    x = g.input(Shape.of(batch, 3), DType.F32, "x")
+    g.add_output(g.relu(g.mul(x, 2.0)), "y")
+    return g
+
+
+def _x(b: int) -> np.ndarray:
+    return np.linspace(-1, 1, 3 * b, dtype=np.float32).reshape(b, 3)
+
+
+def test_nothing_left_to_bind_is_planned_at_prepare_time() -> None:
+    assert len(Device.cpu().prepare(_graph(2)).cache) == 1  # no symbol
+    assert len(Device.cpu().prepare(_graph(Size.sym("B")), 4).cache) == 1  # B fixed
+    assert len(Device.cpu().prepare(_graph(Size.sym("B"))).cache) == 0  # bound per call
+
+
+def test_the_cache_keeps_max_bindings_executors_and_close_frees_them() -> None:
+    g = _graph(Size.sym("B"))
+    p = Device.cpu(threads=1).prepare(g, max_bindings=2)
+    for b in (1, 2, 3, 2):
+        np.testing.assert_array_equal(p.eval([_x(b)])[0], np.maximum(2 * _x(b), 0))
+    assert p.cache.keys(g.id) == [(("B", 3),), (("B", 2),)] and p.cache.built == 3
+    assert set(p.memory()) == {"arena", "packed", "workspace", "executors"}
+    assert p.memory()["executors"] == 2 and p.memory()["arena"] > 0
+    p.close()
+    assert p.memory() == {"arena": 0, "packed": 0, "workspace": 0, "executors": 0}
+    np.testing.assert_array_equal(p.eval([_x(1)])[0], np.maximum(2 * _x(1), 0))
+
+
+def test_host_arrays_are_where_a_cpu_evaluation_returns_them() -> None:
+    out = Device.cpu().prepare(_graph(2)).eval([_x(2)], return_device=True)[0]
+    assert isinstance(out, np.ndarray)
+
+
+def test_the_reference_reports_no_memory() -> None:
+    with pytest.raises(KnError, match="does not report"):
+        Device.cpu(reference=True).prepare(_graph(2)).memory()
+
+
+def test_a_value_specialized_model_keeps_max_bindings_graphs() -> None:
+    """Reshape to a shape input's value: one graph (and prepared graph) per distinct value."""
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    model = helper.make_model(
+        helper.make_graph(
+            [node],
+            "g",
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
+                helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+            ],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    loaded = load_onnx(model.SerializeToString())
+    assert isinstance(loaded, ValueSpecializedModel), type(loaded)
+    p = Device.cpu().prepare(loaded, max_bindings=2)
+    x = np.arange(6, dtype=np.float32)
+    for shape in ([2, 3], [3, 2], [1, 6], [2, 3]):
+        (y,) = p.eval({"x": x, "shape": np.array(shape, np.int64)})
+        np.testing.assert_array_equal(y, x.reshape(shape))
+    assert len(p._specializing.prepared()) == 2  # type: ignore[union-attr]
+    with pytest.raises(KnError, match="one graph per value"):
+        _ = p.graph
