@@ -49,9 +49,6 @@ class Buffer:
     def end(self) -> int:
         return self.offset + self.size
 
-    def live_at(self, step: int) -> bool:
-        return self.first <= step <= self.last
-
 
 def lower_bound(sizes: Sequence[int], ranges: Sequence[tuple[int, int]], n_steps: int) -> int:
     """max over steps of the bytes live at that step (aligned sizes): no packing can beat it."""

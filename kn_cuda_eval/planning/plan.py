@@ -114,9 +114,6 @@ class Plan:
 
         validate_once(self)
 
-    def inputs_by_name(self) -> dict[str, StridedView]:
-        return dict(zip(self.input_names, self.inputs, strict=True))
-
 
 def plan(
     graph: Graph,
