@@ -11,7 +11,7 @@ Nothing here imports CuPy or loads a CUDA library at import time.
 from kn_cuda_eval.planning.emulator import emulate
 from kn_cuda_eval.planning.memory import Buffer, BufferKind, MemoryReport
 from kn_cuda_eval.planning.plan import Plan, plan
-from kn_cuda_eval.planning.planner import PlanSettings
+from kn_cuda_eval.planning.settings import PlanSettings
 from kn_cuda_eval.planning.steps import Step
 from kn_cuda_eval.planning.view import StridedView
 from kn_graph._moved import install as _install_moved

@@ -13,14 +13,13 @@ array([6., 6.], dtype=float32)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import assert_never
 
 import numpy as np
-import scipy.special
 
+from kn_graph import numpy_ops
 from kn_graph.binding import Inputs, available_bytes, bind_inputs
-from kn_graph.dtype import float_to_int
 from kn_graph.dynamic import bind_results, outer_bindings, run_dynamic
 from kn_graph.errors import (
     EvaluationError,
@@ -32,7 +31,6 @@ from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
     Attention,
     Binary,
-    BinaryOp,
     Broadcast,
     Concat,
     Constant,
@@ -51,7 +49,6 @@ from kn_graph.ops import (
     Slice,
     Softmax,
     Unary,
-    UnaryOp,
     View,
 )
 
@@ -211,9 +208,9 @@ def _compute(
         case MatMul(a, b):
             return np.matmul(get(a), get(b))
         case Unary(x, op):
-            return _unary(op, get(x), dt)
+            return numpy_ops.unary(op, get(x), dt)
         case Binary(a, b, op):
-            return _binary(op, get(a), get(b))
+            return numpy_ops.binary(op, get(a), get(b))
         case Select(c, a, b):
             return np.where(get(c), get(a), get(b))
         case Iota(axis):
@@ -237,128 +234,6 @@ def _compute(
             return memo[info.op.key][info.op.output]
         case _:
             assert_never(info.op)  # type: ignore[arg-type]
-
-
-def _in_f32(f: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    """f16 math in f32, as the GPU kernels do it."""
-
-    def g(a: np.ndarray) -> np.ndarray:
-        if a.dtype == np.float16:
-            return f(a.astype(np.float32)).astype(np.float16)
-        return f(a)
-
-    return g
-
-
-def _sigmoid(a: np.ndarray) -> np.ndarray:
-    return scipy.special.expit(a).astype(a.dtype, copy=False)
-
-
-_SQRT1_2 = 1.0 / math.sqrt(2.0)
-_SQRT2_PI = math.sqrt(2.0 / math.pi)
-
-_UNARY: dict[UnaryOp, Callable[[np.ndarray], np.ndarray]] = {
-    UnaryOp.ABS: np.abs,
-    UnaryOp.NEG: np.negative,
-    UnaryOp.SIN: np.sin,
-    UnaryOp.COS: np.cos,
-    UnaryOp.TAN: np.tan,
-    UnaryOp.ASIN: np.arcsin,
-    UnaryOp.ACOS: np.arccos,
-    UnaryOp.ATAN: np.arctan,
-    UnaryOp.SINH: np.sinh,
-    UnaryOp.COSH: np.cosh,
-    UnaryOp.ASINH: np.arcsinh,
-    UnaryOp.ACOSH: np.arccosh,
-    UnaryOp.ATANH: np.arctanh,
-    UnaryOp.EXP: np.exp,
-    UnaryOp.LOG: np.log,
-    UnaryOp.SQRT: np.sqrt,
-    UnaryOp.SIGMOID: _sigmoid,
-    UnaryOp.TANH: np.tanh,
-    UnaryOp.ERF: lambda a: scipy.special.erf(a).astype(a.dtype, copy=False),
-    UnaryOp.SOFTPLUS: lambda a: np.logaddexp(a.dtype.type(0), a),
-    UnaryOp.RECIPROCAL: np.reciprocal,
-    UnaryOp.FLOOR: np.floor,
-    UnaryOp.CEIL: np.ceil,
-    UnaryOp.ROUND: np.round,
-    UnaryOp.SIGN: np.sign,
-    UnaryOp.NOT: np.logical_not,
-    UnaryOp.BIT_NOT: np.invert,
-    UnaryOp.GELU: lambda a: (a * 0.5 * (1.0 + scipy.special.erf(a * _SQRT1_2))).astype(
-        a.dtype, copy=False
-    ),
-    UnaryOp.GELU_TANH: lambda a: (
-        0.5 * a * (1.0 + np.tanh(_SQRT2_PI * (a + 0.044715 * a**3)))
-    ).astype(a.dtype, copy=False),
-    UnaryOp.SILU: lambda a: a * _sigmoid(a),
-}
-
-
-def _unary(op: UnaryOp, a: np.ndarray, out: np.dtype) -> np.ndarray:
-    with np.errstate(all="ignore"):
-        if op is UnaryOp.CAST:
-            if out == np.bool_:
-                return a != 0
-            if a.dtype.kind == "f" and out.kind in "iu":
-                return float_to_int(a, out)  # toward zero, saturating, NaN -> 0
-            return a.astype(out)
-        if op is UnaryOp.BITCAST:
-            return a.view(out)
-        f = _UNARY[op]
-        return _in_f32(f)(a) if a.dtype.kind == "f" else f(a)
-
-
-def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C semantics: truncation toward zero; division by zero gives 0 instead of a crash."""
-    safe = np.where(b == 0, 1, b)
-    q = np.floor_divide(a, safe)
-    fix = (np.remainder(a, safe) != 0) & ((a < 0) != (safe < 0))
-    return np.where(b == 0, 0, q + fix.astype(q.dtype)).astype(a.dtype)
-
-
-def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind in "iu" and (b < 0).any():
-        raise EvaluationError("pow: negative integer exponent")
-    return np.power(a, b)
-
-
-_BINARY: dict[BinaryOp, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    BinaryOp.ADD: np.add,
-    BinaryOp.SUB: np.subtract,
-    BinaryOp.MUL: np.multiply,
-    BinaryOp.DIV: np.divide,
-    BinaryOp.POW: _pow,
-    BinaryOp.MIN: np.minimum,
-    BinaryOp.MAX: np.maximum,
-    BinaryOp.MOD: np.mod,
-    BinaryOp.FMOD: np.fmod,
-    BinaryOp.EQ: np.equal,
-    BinaryOp.LT: np.less,
-    BinaryOp.LE: np.less_equal,
-    BinaryOp.GT: np.greater,
-    BinaryOp.GE: np.greater_equal,
-    BinaryOp.AND: np.logical_and,
-    BinaryOp.OR: np.logical_or,
-    BinaryOp.XOR: np.logical_xor,
-    BinaryOp.BIT_AND: np.bitwise_and,
-    BinaryOp.BIT_OR: np.bitwise_or,
-    BinaryOp.BIT_XOR: np.bitwise_xor,
-    BinaryOp.SHL: np.left_shift,
-    BinaryOp.SHR: np.right_shift,
-}
-
-
-def _binary(op: BinaryOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    with np.errstate(all="ignore"):
-        if a.dtype.kind in "iu" and op is BinaryOp.DIV:
-            return _int_div(a, b)
-        if a.dtype.kind in "iu" and op in (BinaryOp.MOD, BinaryOp.FMOD):
-            safe = np.where(b == 0, 1, b)
-            return np.where(b == 0, 0, _BINARY[op](a, safe)).astype(a.dtype)
-        if a.dtype == np.float16 and not op.is_comparison:
-            return _BINARY[op](a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
-        return np.asarray(_BINARY[op](a, b))
 
 
 def _softmax(a: np.ndarray, axis: int) -> np.ndarray:

@@ -58,8 +58,8 @@ from kn_cuda_eval.planning.emulator import emulate_step, plan_inputs, view_array
 from kn_cuda_eval.planning.limits import check_allocation, check_plan
 from kn_cuda_eval.planning.plan import Plan
 from kn_cuda_eval.planning.plan import plan as make_plan
-from kn_cuda_eval.planning.planner import PlanSettings
 from kn_cuda_eval.planning.profile import Profile, ProfileRow
+from kn_cuda_eval.planning.settings import PlanSettings
 from kn_cuda_eval.planning.view import StridedView
 from kn_graph.binding import available_bytes
 from kn_graph.dtype import DType

@@ -1,5 +1,7 @@
 """The device-neutral plan: a graph turned into steps over one arena (`plan.plan`), with strided
-views (`view`), memory assignment (`memory`), fused-step programs (`program`, `lazy`), the step
-records (`steps`), the planner and its helpers (`planner`, `convplan`, `gemm`, `reduceplan`),
-checks (`validate`, `limits`), the NumPy plan emulator (`emulator`) and segmented plans for
-data-dependent graphs (`segments`). Nothing here imports a backend or the code generator."""
+views (`view`), the step records (`steps`), fused-step programs (`program`, `lazy`), the planner
+(`planner`, its switches in `settings`) and its visitor modules (`attnplan`, `convplan`, `gemm`,
+`reduceplan`, which see it through `context`), memory assignment (`assign`, packing in
+`memory`), checks (`validate`, `limits`), the NumPy plan emulator (`emulator`) and segmented
+plans for data-dependent graphs (`segments`). Nothing here imports a backend or the code
+generator."""

@@ -4,13 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from kn_cuda_eval.planning.context import PlannerContext
 from kn_cuda_eval.planning.view import StridedView
 from kn_graph.ops import Binary, BinaryOp
-
-if TYPE_CHECKING:
-    from kn_cuda_eval.planning.planner import _Planner
 
 __all__ = ["ConvFusion", "conv_fusion"]
 
@@ -35,7 +32,7 @@ def _channel_vector(s: object, shape: tuple[int, ...]) -> StridedView | None:
     return StridedView(s.offset, (shape[1],), (1,), s.dtype)
 
 
-def conv_fusion(p: _Planner, chain: list[int]) -> ConvFusion:
+def conv_fusion(p: PlannerContext, chain: list[int]) -> ConvFusion:
     """Walk the chain while each link can fold: a per-channel add is the bias, a dense add of the
     full shape the residual, max with 0 the relu (which ends the chain)."""
     shape = p.shape(chain[0])

@@ -17,24 +17,14 @@ kn_graph.errors.EvaluationError: the arena needs 1 ZiB (1,180,591,620,717,411,30
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from kn_cuda_eval.planning import steps as st
-from kn_cuda_eval.planning.memory import Buffer, BufferKind
+from kn_cuda_eval.planning.memory import Buffer, BufferKind, human_bytes
+from kn_cuda_eval.planning.plan import Plan
 from kn_graph.binding import available_bytes
 from kn_graph.errors import EvaluationError
 
-if TYPE_CHECKING:
-    from kn_cuda_eval.planning.plan import Plan
-
-__all__ = ["check_allocation", "check_plan", "human_bytes", "step_value_bytes"]
-
-
-def human_bytes(n: int) -> str:
-    """1.5 TiB, 32 EiB: the size in the largest binary unit that keeps it >= 1."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
-    k = min(max((n.bit_length() - 1) // 10, 0), len(units) - 1)
-    return f"{n / 1024**k:.3g} {units[k]}"
+__all__ = ["check_allocation", "check_plan", "step_value_bytes"]
 
 
 def _have(have: int) -> str:

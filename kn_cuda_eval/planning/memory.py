@@ -15,7 +15,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ALIGN", "Buffer", "BufferKind", "MemoryReport", "align", "lower_bound", "pack"]
+__all__ = [
+    "ALIGN",
+    "Buffer",
+    "BufferKind",
+    "MemoryReport",
+    "align",
+    "human_bytes",
+    "lower_bound",
+    "pack",
+]
 
 ALIGN = 256
 """Byte alignment of every buffer (cuBLAS, cuDNN and vector loads like 16; 256 is what
@@ -24,6 +33,13 @@ cudaMalloc gives)."""
 
 def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def human_bytes(n: int) -> str:
+    """1.5 TiB, 32 EiB: the size in the largest binary unit that keeps it >= 1."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+    k = min(max((n.bit_length() - 1) // 10, 0), len(units) - 1)
+    return f"{n / 1024**k:.3g} {units[k]}"
 
 
 class BufferKind(enum.Enum):
@@ -48,9 +64,6 @@ class Buffer:
     @property
     def end(self) -> int:
         return self.offset + self.size
-
-    def live_at(self, step: int) -> bool:
-        return self.first <= step <= self.last
 
 
 def lower_bound(sizes: Sequence[int], ranges: Sequence[tuple[int, int]], n_steps: int) -> int:

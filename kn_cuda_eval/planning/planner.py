@@ -1,50 +1,52 @@
-"""`plan(graph, batch_size) -> Plan`: one forward pass over the graph that turns every value into
-a view of the arena, fusing elementwise chains, and emits the steps that fill those views.
+"""The planner behind `plan(graph, batch_size) -> Plan`: one forward pass over the graph that
+turns every value into a view of the arena, fusing elementwise chains, and emits the steps that
+fill those views.
 
 Each live value ends up in one of two states:
 - *materialised*: a `StridedView` (inputs, constants, step outputs, and free views of those);
-- *lazy*: a `Lazy` not yet computed — an elementwise DAG over views (kn_cuda_eval/planning/lazy.py; O(1)
-  to extend, flattened once per kernel). Lazy values flow through view ops (the op is applied to
-  every leaf view) and merge into their users, so a whole chain of Unary/Binary/Select/Iota
-  becomes one kernel (split every `max_kernel_ops` instructions). A lazy value is materialised by
-  an `Elementwise` step when it has more than one user or is an output (fusion never recomputes a
-  shared value), and before any library call (cuBLAS, cuDNN). Row kernels (softmax, layernorm,
-  reduce) take a lazy input as their prologue. A reduction over axes along which its input only
-  repeats one value (an Expand, or a unary chain over one) is planned over one copy
-  (kn_cuda_eval/planning/reduceplan.py), as the reference executor reduces broadcasts.
+- *lazy*: a `Lazy` not yet computed — an elementwise DAG over views (kn_cuda_eval/planning/lazy.py;
+  O(1) to extend, flattened once per kernel). Lazy values flow through view ops (the op is
+  applied to every leaf view) and merge into their users, so a whole chain of
+  Unary/Binary/Select/Iota becomes one kernel (split every `max_kernel_ops` instructions). A lazy
+  value is materialised by an `Elementwise` step when it has more than one user or is an output
+  (fusion never recomputes a shared value), and before any library call (cuBLAS, cuDNN). Row
+  kernels (softmax, layernorm, reduce) take a lazy input as their prologue. A reduction over
+  axes along which its input only repeats one value (an Expand, or a unary chain over one) is
+  planned over one copy (kn_cuda_eval/planning/reduceplan.py), as the reference executor reduces
+  broadcasts. Attention (attnplan), convolution fusion (convplan) and GEMMs (gemm) have modules
+  of their own, which see the planner through `context.PlannerContext`.
 
 Buffers are named in a planning address space (buffer id in the high bits of the offset) and
-rebased to arena offsets once the memory planner has packed them.
+rebased to arena offsets once the steps are known (`assign.assign_memory`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import assert_never
 
 import numpy as np
 
 from kn_cuda_eval.planning import steps as st
-from kn_cuda_eval.planning.lazy import Lazy, combine
-from kn_cuda_eval.planning.limits import human_bytes
-from kn_cuda_eval.planning.memory import BufferKind
-from kn_cuda_eval.planning.program import (
-    Bin,
-    Const,
-    Index,
-    Load,
-    Program,
-    ProgramBuilder,
-    Sel,
-    Un,
-    prune,
+from kn_cuda_eval.planning.assign import (
+    MAX_BUFFER_BYTES,
+    PlannedBuffer,
+    buffer_address,
+    buffer_of,
 )
+from kn_cuda_eval.planning.attnplan import plan_attention
+from kn_cuda_eval.planning.context import State
+from kn_cuda_eval.planning.convplan import conv_fusion
+from kn_cuda_eval.planning.gemm import plan_gemm
+from kn_cuda_eval.planning.lazy import Lazy, combine
+from kn_cuda_eval.planning.memory import BufferKind, human_bytes
+from kn_cuda_eval.planning.program import Bin, Const, Load, Program, Sel, Un
 from kn_cuda_eval.planning.reduceplan import plan_reduce_of_copies
+from kn_cuda_eval.planning.settings import PlanSettings
 from kn_cuda_eval.planning.view import StridedView, coalesce
 from kn_graph.dtype import DType
-from kn_graph.errors import ArgumentTypeError, ArgumentValueError, KnError, PlanError
+from kn_graph.errors import KnError, PlanError
 from kn_graph.filemap import release_pages
 from kn_graph.graph import Graph
 from kn_graph.ops import (
@@ -72,125 +74,10 @@ from kn_graph.ops import (
 )
 from kn_graph.shape import BATCH
 
-__all__ = ["PlanSettings", "bind_symbols"]
+__all__ = ["Planner", "bind_symbols"]
 
-_ID_SHIFT = 48  # planning address = buffer id << 48 | byte offset inside the buffer
-_OFF_MASK = (1 << _ID_SHIFT) - 1
-MAX_BUFFER_BYTES = 1 << _ID_SHIFT
-"""The largest tensor a plan can hold (256 TiB): offsets inside a buffer must stay below the
-buffer id's bits. No device has that much memory; a larger tensor is a PlanError, not a wrapped
-offset."""
-_MAX_FILLED_CONST = (
-    1 << 20
-)  # a uniform constant materialised as data up to this size, else a fill kernel
-
-State = StridedView | Lazy
-
-
-@dataclass(frozen=True, slots=True)
-class PlanSettings:
-    """Planner switches; the defaults are what the executor runs."""
-
-    fuse_elementwise: bool = True
-    """Merge chains of Unary/Binary/Select/Iota (and row-kernel prologues) into one kernel."""
-    fuse_conv: bool = True
-    """Fold bias, one residual add and relu into the cuDNN convolution."""
-    fuse_conv_relu: bool = True
-    """With `fuse_conv`: fold the relu too. Off where the library's relu does not keep NaN as
-    `max(x, 0)` does (oneDNN's JIT relu is a max instruction that gives 0 for NaN: the CPU
-    backend plans with it off then, `kn_cuda_eval.cpu.passes.fuse.relu_agrees`); the relu is then an
-    elementwise step of its own."""
-    fused_attention: bool = True
-    """Attention as one generated kernel; off: MatMul (alpha=scale), Softmax, MatMul."""
-    max_recompute: int = 8
-    """A lazy value is fused through a broadcast (recomputed per copy) only up to this many
-    arithmetic instructions; larger ones are materialised first."""
-    max_kernel_inputs: int = 12
-    """At most this many distinct operand views per generated kernel."""
-    max_kernel_ops: int = 256
-    """At most this many arithmetic instructions per fused elementwise kernel: a longer chain is
-    split into several kernels, each storing its result for the next. NVRTC takes about 0.1 s
-    for a 256-op kernel, 0.4 s for 1,024 and 0.9 s for 2,048 ops, growing faster than the
-    length (benchmarks/RESULTS.md, "Planning time vs graph size"), and the emulator holds a few
-    full-size temporaries per kernel; a split costs one extra pass over memory per 256 ops of
-    arithmetic, noise for a kernel that long. Real chains (GELU, layernorm, a quantised
-    activation) are tens of ops and never split."""
-
-    def __post_init__(self) -> None:
-        for name in ("fuse_elementwise", "fuse_conv", "fuse_conv_relu", "fused_attention"):
-            if not isinstance(getattr(self, name), bool):
-                raise ArgumentTypeError(
-                    f"PlanSettings: {name} must be a bool, found {getattr(self, name)!r}"
-                )
-        for name, low in (("max_recompute", 0), ("max_kernel_inputs", 1), ("max_kernel_ops", 1)):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, int):
-                raise ArgumentTypeError(f"PlanSettings: {name} must be an int, found {val!r}")
-            if val < low:
-                raise ArgumentValueError(f"PlanSettings: {name} must be >= {low}, found {val}")
-
-
-@dataclass(slots=True)
-class _Buf:
-    name: str
-    kind: BufferKind
-    size: int
-    data: np.ndarray | None = None
-
-
-def _expr_of(view: StridedView) -> st.Expr:
-    return st.Expr(view.shape, (view,), (), Program((Load(0, view.dtype),), (0,)))
-
-
-def _combine(
-    exprs: Sequence[st.Expr], shape: tuple[int, ...], op: Callable[[ProgramBuilder, list[int]], int]
-) -> st.Expr:
-    """One program computing `op` over the operands' programs (loads and indices deduplicated)."""
-    pb = ProgramBuilder()
-    inputs: list[StridedView] = []
-    indices: list[StridedView] = []
-    in_ids: dict[StridedView, int] = {}
-    ix_ids: dict[StridedView, int] = {}
-    roots: list[int] = []
-
-    def intern(v: StridedView, ids: dict[StridedView, int], out: list[StridedView]) -> int:
-        k = ids.get(v)
-        if k is None:
-            k = ids[v] = len(out)
-            out.append(v)
-        return k
-
-    for e in exprs:
-        lm = [intern(v, in_ids, inputs) for v in e.inputs]
-        im = [intern(v, ix_ids, indices) for v in e.indices]
-        ids = pb.splice(e.program, lm, im)
-        roots.append(ids[e.program.roots[0]])
-    root = op(pb, roots)
-    return st.Expr(shape, tuple(inputs), tuple(indices), prune(pb.build([root])))
-
-
-def _compact(e: st.Expr) -> st.Expr:
-    """Renumber loads/indices to those the program still uses (after pruning)."""
-    used_l = sorted({i.arg for i in e.program.instrs if isinstance(i, Load)})
-    used_i = sorted({i.arg for i in e.program.instrs if isinstance(i, Index)})
-    if len(used_l) == len(e.inputs) and len(used_i) == len(e.indices):
-        return e
-    lm = {a: k for k, a in enumerate(used_l)}
-    im = {a: k for k, a in enumerate(used_i)}
-    instrs = tuple(
-        Load(lm[i.arg], i.dtype)
-        if isinstance(i, Load)
-        else Index(im[i.arg], i.dtype)
-        if isinstance(i, Index)
-        else i
-        for i in e.program.instrs
-    )
-    return st.Expr(
-        e.shape,
-        tuple(e.inputs[a] for a in used_l),
-        tuple(e.indices[a] for a in used_i),
-        Program(instrs, e.program.roots),
-    )
+_MAX_FILLED_CONST = 1 << 20
+"""A uniform constant is materialised as data up to this many bytes, else by a fill kernel."""
 
 
 def _uniform(flat: np.ndarray) -> bool:
@@ -215,12 +102,15 @@ def _scalar_const(e: st.Expr) -> Const | None:
     return None
 
 
-class _Planner:
+class Planner:
+    """One planning pass over a graph at given bindings: `run()` fills `steps`, `bufs` and each
+    value's `state` (views in planning addresses, before memory assignment)."""
+
     def __init__(self, graph: Graph, bindings: Mapping[str, int], settings: PlanSettings) -> None:
         self.g = graph
         self.bindings = dict(bindings)
         self.s = settings
-        self.bufs: list[_Buf] = []
+        self.bufs: list[PlannedBuffer] = []
         self.steps: list[st.Step] = []
         n = len(graph)
         self.state: list[State | None] = [None] * n
@@ -242,6 +132,15 @@ class _Planner:
         self.deferred: dict[int, list[int]] = {}  # chain end -> conv fusion chain
         self.absorbed: set[int] = set()
         self._shapes: dict[int, tuple[int, ...]] = {}
+
+    def views(self, values: Sequence[Value]) -> list[StridedView]:
+        """The views of planned, materialised values (inputs, and outputs after `run()`)."""
+        out: list[StridedView] = []
+        for v in values:
+            state = self.state[v.index]
+            assert isinstance(state, StridedView), "inputs and outputs are materialised"
+            out.append(state)
+        return out
 
     # -- small helpers ---------------------------------------------------------------------------
     def val(self, i: int) -> Value:
@@ -265,8 +164,8 @@ class _Planner:
     def new_buffer(
         self, kind: BufferKind, size: int, name: str, data: np.ndarray | None = None
     ) -> int:
-        self.bufs.append(_Buf(name, kind, size, data))
-        return (len(self.bufs) - 1) << _ID_SHIFT
+        self.bufs.append(PlannedBuffer(name, kind, size, data))
+        return buffer_address(len(self.bufs) - 1)
 
     def temp(self, shape: Sequence[int], dtype: DType, name: str) -> StridedView:
         shape = tuple(shape)
@@ -399,7 +298,7 @@ class _Planner:
         """A row kernel's input: the lazy value as a prologue when it is cheap enough."""
         e = self.expr(i).to_expr()
         if e.program.cost > self.s.max_recompute or len(e.inputs) > self.s.max_kernel_inputs:
-            e = _expr_of(self.mat(i))
+            e = st.Expr.of_view(self.mat(i))
         return e
 
     # -- the pass ------------------------------------------------------------------------------
@@ -429,12 +328,12 @@ class _Planner:
         for v in self.g.outputs:
             s = self.state[v.index]
             assert isinstance(s, StridedView)
-            needed.add(s.offset >> _ID_SHIFT)
+            needed.add(buffer_of(s.offset))
         keep: list[st.Step] = []
         for step in reversed(self.steps):
-            if any((w.offset >> _ID_SHIFT) in needed for w in step.writes()):
+            if any(buffer_of(w.offset) in needed for w in step.writes()):
                 keep.append(step)
-                needed.update(r.offset >> _ID_SHIFT for r in step.reads())
+                needed.update(buffer_of(r.offset) for r in step.reads())
         self.steps = keep[::-1]
 
     def visit(self, i: int) -> None:
@@ -512,7 +411,8 @@ class _Planner:
                 )
                 self.state[i] = out
             case Attention(q, k, v, mask, scale, causal):
-                self.visit_attention(
+                plan_attention(
+                    self,
                     i,
                     q.index,
                     k.index,
@@ -640,8 +540,6 @@ class _Planner:
     # -- matmul ------------------------------------------------------------------------------
     def gemm(self, a: StridedView, b: StridedView, out: StridedView, alpha: float) -> None:
         """out [b,m,n] (dense) = alpha · a [b,m,k] @ b [b,k,n] as one strided-batched GEMM."""
-        from kn_cuda_eval.planning.gemm import plan_gemm
-
         step = plan_gemm(a, b, out, alpha, lambda v: self.dense(v, "gemm operand"))
         if isinstance(step, st.Expr):  # k == 0: the product is zero
             self.emit_elementwise(step, (out,))
@@ -680,8 +578,6 @@ class _Planner:
         self.absorbed.update(chain[:-1])
 
     def emit_conv_chain(self, chain: list[int]) -> None:
-        from kn_cuda_eval.planning.convplan import conv_fusion
-
         ci = chain[0]
         op = self.g[self.val(ci)].op
         assert isinstance(op, Conv)
@@ -711,105 +607,6 @@ class _Planner:
         for j in chain[fused.length :]:  # the links that did not fuse are planned as usual
             self.absorbed.discard(j)
             self.visit(j)
-
-    # -- attention ---------------------------------------------------------------------------
-    def head_view(self, i: int) -> StridedView | None:
-        """When value i is [b, m, d] = view of x [B1, B2, m, d] (heads split off the batch), x's
-        own 4-d view: the fused kernel walks both batch axes, so neither the permute of the heads
-        nor a broadcast over them (multi-query keys, a per-sequence mask) needs a copy. The
-        planned reshape of i, now unused, is dropped with the other dead steps."""
-        op = self.g[self.val(i)].op
-        if not isinstance(op, View):
-            return None
-        x = op.x.index
-        xs, s = self.shape(x), self.shape(i)
-        if len(xs) != 4 or xs[0] * xs[1] != s[0] or xs[2:] != s[1:]:
-            return None
-        xop = self.g[self.val(x)].op
-        st_x = self.state[x]
-        if isinstance(st_x, Lazy) and isinstance(xop, Broadcast) and self.uses[x] == 1:
-            y = xop.x.index  # materialise the small tensor, broadcast it for free
-            if len(self.shape(y)) == 4:
-                return self.mat(y).broadcast(xs)
-        if isinstance(st_x, StridedView):
-            return st_x
-        return None
-
-    def attention_views(
-        self, ops: list[int], mats: list[StridedView], out: StridedView
-    ) -> list[StridedView]:
-        """Operand views [B1, B2, m, d] (and out) sharing one split of the batch axis."""
-        heads = [self.head_view(i) for i in ops]
-        split = next(((h.shape[0], h.shape[1]) for h in heads if h is not None), (out.shape[0], 1))
-        views: list[StridedView] = []
-        for i, h in zip(ops, heads, strict=True):
-            if h is None or h.shape[:2] != split:
-                v = mats[len(views)] if len(views) < len(mats) else self.mat(i)
-                h = v.reshape((*split, *v.shape[1:]))
-                assert h is not None, "splitting an axis never needs a copy"
-            views.append(h)
-        o = out.reshape((*split, *out.shape[1:]))
-        assert o is not None
-        return [*views, o]
-
-    def visit_attention(
-        self, i: int, q: int, k: int, v: int, mask: int | None, scale: float, causal: bool
-    ) -> None:
-        info = self.g[self.val(i)]
-        out = self.temp(self.shape(i), info.dtype, self.name(i))
-        self.state[i] = out
-        qv, kv, vv = self.mat(q), self.mat(k), self.mat(v)
-
-        if self.s.fused_attention and vv.shape[2] <= st.ATTENTION_MAX_DV:
-            ops = [q, k, v] if mask is None else [q, k, v, mask]
-            views = self.attention_views(ops, [qv, kv, vv], out)
-            if out.numel > 0:
-                mv = views[3] if mask is not None else None
-                self.steps.append(
-                    st.Attention(views[0], views[1], views[2], mv, views[-1], scale, causal)
-                )
-            return
-        b, m, _ = qv.shape
-        n = kv.shape[1]
-        scores = self.temp((b, m, n), info.dtype, self.name(i) + " scores")
-        self.gemm(qv, kv.permute((0, 2, 1)), scores, scale)
-        parts = [_expr_of(scores)]
-        if mask is not None:
-            parts.append(self.row_input(mask))
-        if causal:
-            parts.append(
-                st.Expr(
-                    (b, m, n),
-                    (),
-                    (
-                        StridedView(0, (b, m, n), (0, 1, 0), DType.I64),
-                        StridedView(0, (b, m, n), (0, 0, 1), DType.I64),
-                    ),
-                    Program((Index(0, DType.I64), Index(1, DType.I64)), (0,)),
-                )
-            )
-        dt = info.dtype
-
-        def prologue(pb: ProgramBuilder, r: list[int]) -> int:
-            x = r[0]
-            if mask is not None:
-                x = pb.add(Bin(BinaryOp.ADD, x, r[1], dt))
-            if causal:
-                qi = pb.add(Index(0, DType.I64))
-                kj = pb.add(Index(1, DType.I64))
-                lim = pb.add(Bin(BinaryOp.ADD, qi, pb.add(Const(n - m, DType.I64)), DType.I64))
-                above = pb.add(Bin(BinaryOp.GT, kj, lim, DType.BOOL))
-                x = pb.add(Sel(above, pb.add(Const(-math.inf, dt)), x, dt))
-            return x
-
-        probs = self.temp((b, m, n), dt, self.name(i) + " probs")
-        self.row_step(
-            _compact(_combine(parts, (b, m, n), prologue)),
-            probs,
-            [2],
-            lambda e, o: st.Softmax(e, o),
-        )
-        self.gemm(probs, vv, out, 1.0)
 
 
 def bind_symbols(

@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.context import PlannerContext
 from kn_cuda_eval.planning.lazy import Lazy, combine
-from kn_cuda_eval.planning.program import Bin, Load, Program, Un
+from kn_cuda_eval.planning.program import Bin, Un
 from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.ops import BinaryOp, ReduceOp, UnaryOp
-
-if TYPE_CHECKING:
-    from kn_cuda_eval.planning.planner import _Planner
 
 __all__ = ["copy_axes", "plan_reduce_of_copies"]
 
@@ -87,7 +84,9 @@ def _scaled(r: Lazy, op: ReduceOp, n: int, dt: DType) -> Lazy:
     return combine([y], shape, Un(UnaryOp.CAST, 0, dt)) if acc is not dt else y
 
 
-def plan_reduce_of_copies(p: _Planner, i: int, x: int, axes: Sequence[int], op: ReduceOp) -> bool:
+def plan_reduce_of_copies(
+    p: PlannerContext, i: int, x: int, axes: Sequence[int], op: ReduceOp
+) -> bool:
     """Plan value i = reduce(x, axes, op) over one copy of each repeated axis of x; False (and
     nothing planned) when x repeats along no axis."""
     e = p.expr(x)
@@ -112,7 +111,7 @@ def plan_reduce_of_copies(p: _Planner, i: int, x: int, axes: Sequence[int], op: 
         ex = sliced.to_expr()
         if ex.program.cost > p.s.max_recompute or len(ex.inputs) > p.s.max_kernel_inputs:
             m = p.materialize(ex, p.name(x) + " (one copy)")
-            ex = st.Expr(one, (m,), (), Program((Load(0, m.dtype),), (0,)))
+            ex = st.Expr.of_view(m)
         out = p.temp(small, dt, p.name(i))
         p.row_step(ex, out, list(axes), lambda ex_, o: st.Reduce(ex_, o, op), keep_out=False)
         r = Lazy.of_view(out)

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kn_cuda_eval.planning.program import Program
+from kn_cuda_eval.planning.program import Load, Program
 from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.ops import ReduceOp
@@ -47,6 +47,11 @@ class Expr:
     inputs: tuple[StridedView, ...]
     indices: tuple[StridedView, ...]
     program: Program
+
+    @staticmethod
+    def of_view(view: StridedView) -> Expr:
+        """The expression that reads `view` (one load)."""
+        return Expr(view.shape, (view,), (), Program((Load(0, view.dtype),), (0,)))
 
     @property
     def dtype(self) -> DType:

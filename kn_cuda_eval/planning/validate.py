@@ -14,18 +14,32 @@ import bisect
 import heapq
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kn_cuda_eval.planning import steps as st
 from kn_cuda_eval.planning.memory import ALIGN, Buffer, BufferKind
 from kn_graph.errors import PlanError
 
-if TYPE_CHECKING:
-    from kn_cuda_eval.planning.plan import Plan
+__all__ = ["ArenaPlan", "validate_once", "validate_plan"]
 
-__all__ = ["validate_once", "validate_plan"]
 
-_passed: weakref.WeakSet[Plan] = weakref.WeakSet()  # plans that validated (plans are immutable)
+class ArenaPlan(Protocol):
+    """What the validator reads of a `plan.Plan`: its steps and buffers over one arena."""
+
+    @property
+    def steps(self) -> tuple[st.Step, ...]: ...
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]: ...
+
+    @property
+    def arena_size(self) -> int: ...
+
+    @property
+    def workspace_offset(self) -> int: ...
+
+
+_passed: weakref.WeakSet[ArenaPlan] = weakref.WeakSet()  # plans that validated (immutable)
 _lock = threading.Lock()
 
 
@@ -67,7 +81,7 @@ class _Live:
         heapq.heappush(self._expiry, (b.last, id(b), b))
 
 
-def _check_buffers(p: Plan) -> list[Buffer]:
+def _check_buffers(p: ArenaPlan) -> list[Buffer]:
     """Alignment, bounds and regions of every buffer; no two live at once overlap. Returns the
     non-empty buffers."""
     size = p.arena_size
@@ -93,7 +107,7 @@ def _check_buffers(p: Plan) -> list[Buffer]:
     return bufs
 
 
-def validate_once(p: Plan) -> None:
+def validate_once(p: ArenaPlan) -> None:
     """Validate `p` unless it already passed."""
     with _lock:
         if p in _passed:
@@ -103,7 +117,7 @@ def validate_once(p: Plan) -> None:
         _passed.add(p)
 
 
-def validate_plan(p: Plan) -> None:
+def validate_plan(p: ArenaPlan) -> None:
     """Raise PlanError naming the first problem found (see the module docstring)."""
     bufs = _check_buffers(p)
     size = p.arena_size

@@ -138,9 +138,6 @@ class StridedView:
     def with_offset(self, offset: int) -> StridedView:
         return StridedView(offset, self.shape, self.strides, self.dtype)
 
-    def with_dtype(self, dtype: DType) -> StridedView:
-        return StridedView(self.offset, self.shape, self.strides, dtype)
-
     def permute(self, perm: Sequence[int]) -> StridedView:
         return StridedView(
             self.offset,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kn_cuda_eval.planning.planner import PlanSettings
+from kn_cuda_eval.planning.settings import PlanSettings
 
 __all__ = ["ExecutorSettings"]
 

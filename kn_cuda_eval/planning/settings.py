@@ -1,0 +1,53 @@
+"""`PlanSettings`: the planner's switches (fusion on or off, kernel size limits), validated when
+made; the defaults are what the executors run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kn_graph.errors import ArgumentTypeError, ArgumentValueError
+
+__all__ = ["PlanSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSettings:
+    """Planner switches; the defaults are what the executor runs."""
+
+    fuse_elementwise: bool = True
+    """Merge chains of Unary/Binary/Select/Iota (and row-kernel prologues) into one kernel."""
+    fuse_conv: bool = True
+    """Fold bias, one residual add and relu into the cuDNN convolution."""
+    fuse_conv_relu: bool = True
+    """With `fuse_conv`: fold the relu too. Off where the library's relu does not keep NaN as
+    `max(x, 0)` does (oneDNN's JIT relu is a max instruction that gives 0 for NaN: the CPU
+    backend plans with it off then, `kn_cuda_eval.cpu.passes.fuse.relu_agrees`); the relu is then an
+    elementwise step of its own."""
+    fused_attention: bool = True
+    """Attention as one generated kernel; off: MatMul (alpha=scale), Softmax, MatMul."""
+    max_recompute: int = 8
+    """A lazy value is fused through a broadcast (recomputed per copy) only up to this many
+    arithmetic instructions; larger ones are materialised first."""
+    max_kernel_inputs: int = 12
+    """At most this many distinct operand views per generated kernel."""
+    max_kernel_ops: int = 256
+    """At most this many arithmetic instructions per fused elementwise kernel: a longer chain is
+    split into several kernels, each storing its result for the next. NVRTC takes about 0.1 s
+    for a 256-op kernel, 0.4 s for 1,024 and 0.9 s for 2,048 ops, growing faster than the
+    length (benchmarks/RESULTS.md, "Planning time vs graph size"), and the emulator holds a few
+    full-size temporaries per kernel; a split costs one extra pass over memory per 256 ops of
+    arithmetic, noise for a kernel that long. Real chains (GELU, layernorm, a quantised
+    activation) are tens of ops and never split."""
+
+    def __post_init__(self) -> None:
+        for name in ("fuse_elementwise", "fuse_conv", "fuse_conv_relu", "fused_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArgumentTypeError(
+                    f"PlanSettings: {name} must be a bool, found {getattr(self, name)!r}"
+                )
+        for name, low in (("max_recompute", 0), ("max_kernel_inputs", 1), ("max_kernel_ops", 1)):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int):
+                raise ArgumentTypeError(f"PlanSettings: {name} must be an int, found {val!r}")
+            if val < low:
+                raise ArgumentValueError(f"PlanSettings: {name} must be >= {low}, found {val}")
