@@ -113,7 +113,7 @@ def layouts() -> list[Case]:
     return [
         c
         for m in PLANNER_TESTS
-        for c in _harvest(importlib.import_module(f"tests.kn_cuda_eval.{m}"))
+        for c in _harvest(importlib.import_module(f"tests.kn_cuda_eval.planning.{m}"))
     ]
 
 
