@@ -197,9 +197,9 @@ def _blas_threads() -> Callable[[int], None]:
     except ImportError:
         pass
     try:
-        from kn_cuda_eval.cpu.onednn import _blas_set_num_threads
+        from kn_cuda_eval.cpu.onednn import blas_thread_setter
 
-        return _blas_set_num_threads()
+        return blas_thread_setter()
     except ImportError:
         log.info("no BLAS thread control: NumPy GEMMs use OpenBLAS's default threads")
         return lambda n: None
@@ -972,7 +972,7 @@ class HostExecutor:
         if self.library is not None:
             self.library.set_threads(self.threads)
         if self._dnn is not None:
-            self._dnn._omp_set_num_threads()(self.threads)
+            self._dnn.omp_thread_setter()(self.threads)
 
     def _one(self, k: int, c: csource.CCall) -> int:
         assert self.library is not None
