@@ -130,7 +130,7 @@ def _contenders(
         blas = onednn.gemm_runner(s, arena, threads, backend="blas")
         assert blas is not None
         out["NumPy/OpenBLAS"] = blas
-    blas_threads = onednn._blas_set_num_threads()
+    blas_threads = onednn.blas_thread_setter()
 
     def emulated() -> None:
         blas_threads(threads)

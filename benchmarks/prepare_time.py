@@ -117,7 +117,7 @@ def child_ours(path: Path) -> dict[str, Any]:
     import kn_cuda_eval.planning.plan as plan_module
     import kn_graph.onnx
     import kn_graph.optimizer
-    from kn_cuda_eval.cpu import build, executor
+    from kn_cuda_eval.cpu import build, executor, library
     from kn_runtime import Device
 
     onednn: ModuleType | None
@@ -133,7 +133,7 @@ def child_ours(path: Path) -> dict[str, Any]:
         ("rest of prepare", Device, "prepare"),
         ("plan", executor, "make_plan"),
         ("plan", plan_module, "plan"),
-        ("C source", executor.HostLibrary, "__init__"),
+        ("C source", library.HostLibrary, "__init__"),
         ("compile / load .so", build, "load_library"),
         ("compiler probes", build, "flags"),
         ("compiler probes", build, "_identity"),
@@ -144,7 +144,8 @@ def child_ours(path: Path) -> dict[str, Any]:
             ("oneDNN primitives", onednn, "conv_desc"),
             ("oneDNN primitives", onednn, "conv_runner"),
             ("oneDNN primitives", onednn, "gemm_runner"),
-            ("weight packing", onednn, "_pack"),
+            ("weight packing", onednn.conv, "pack"),  # bound by name where it is used
+            ("weight packing", onednn.gemm, "pack"),
         ]
     for part, owner, attr in wraps:
         parts.wrap(part, owner, attr)

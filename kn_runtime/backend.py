@@ -23,7 +23,7 @@ from kn_graph.graph import Graph
 from kn_graph.reference import evaluate
 
 if TYPE_CHECKING:
-    from kn_cuda_eval.cpu.executor import SharedMemory
+    from kn_cuda_eval.cpu.arena import SharedMemory
     from kn_cuda_eval.cuda.device import CudaExecutor
     from kn_cuda_eval.planning.planner import PlanSettings
 
@@ -95,7 +95,8 @@ class HostBackend:
     def _of(self, graph: Graph) -> tuple[SharedMemory, PlanSettings]:
         got = self._graphs.get(graph.id)
         if got is None:
-            from kn_cuda_eval.cpu.executor import SharedMemory, host_plan_settings
+            from kn_cuda_eval.cpu.arena import SharedMemory
+            from kn_cuda_eval.cpu.executor import host_plan_settings
 
             got = self._graphs[graph.id] = (SharedMemory.make(), host_plan_settings(graph))
         return got

@@ -36,46 +36,41 @@ unless set), so the pools take turns instead of spinning beside each other.
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import functools
-import hashlib
 import logging
-import mmap
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from kn_cuda_eval.cpu import build, csource
+from kn_cuda_eval.cpu import build, csource, onednn
+from kn_cuda_eval.cpu.arena import HostArena, PageRelease, SharedMemory
+from kn_cuda_eval.cpu.constants import ArenaConstants
+from kn_cuda_eval.cpu.library import HostLibrary, no_compiler_note
 from kn_cuda_eval.cpu.passes import attention, elide, fuse, layouts
+from kn_cuda_eval.cpu.runtime import blas_threads, default_threads, onednn_usable, passive_openmp
+from kn_cuda_eval.cpu.steploop import (
+    Entry,
+    kernel_entry,
+    nothing,
+    runner_entries,
+    segments,
+)
 from kn_cuda_eval.planning import steps as st
 from kn_cuda_eval.planning.emulator import emulate_step, plan_inputs, view_array
-from kn_cuda_eval.planning.limits import check_allocation, check_plan
+from kn_cuda_eval.planning.limits import check_plan
 from kn_cuda_eval.planning.plan import Plan
 from kn_cuda_eval.planning.plan import plan as make_plan
 from kn_cuda_eval.planning.profile import Profile, ProfileRow
 from kn_cuda_eval.planning.settings import PlanSettings
-from kn_cuda_eval.planning.view import StridedView
-from kn_graph.binding import available_bytes
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
-from kn_graph.filemap import release_pages
 from kn_graph.graph import Graph
 from kn_graph.ops import Conv
 
-__all__ = [
-    "HostArena",
-    "HostExecutor",
-    "HostLibrary",
-    "SharedMemory",
-    "default_threads",
-    "host_executor",
-]
+__all__ = ["HostExecutor", "host_executor", "host_plan_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -88,376 +83,8 @@ _ALIGN = 64
 # EfficientNet-B0 5.9 vs 5.9 (2 threads, AVX-512).
 CHAIN_LAYOUT = "nhwc"
 
-
-def default_threads() -> int:
-    """The cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def _mapped(fragment: str) -> bool:
-    """Whether a shared object whose path contains `fragment` is loaded in this process."""
-    try:
-        with open("/proc/self/maps") as f:
-            return any(fragment in line for line in f)
-    except OSError:
-        return False
-
-
-@functools.cache
-def _passive_openmp() -> None:
-    """libgomp's threads (oneDNN's team; the C steps have the pool) spin `build.GOMP_SPIN_NS`
-    after a region, then sleep: `GOMP_SPINCOUNT` is set to the pauses that take that long on
-    this CPU (timed once, `build.pool().pause_ns`), unless the user chose a policy. A count
-    tuned on one CPU is another time on the next: 20000, meant as 20-50 µs, is 0.5 ms on an AMD
-    EPYC (PAUSE ~25 ns). libgomp's default spins about 300k pauses (8 ms there), and a spinning
-    thread takes the core from the thread that runs the next step or, on a loaded machine, from
-    the team's own thread it waits for (queued on the spinner's core): on 2 busy cores GPT-2
-    (fixture) took 32 ms instead of 0.14 ms, the ResNet-18 stand-in 30-60 ms with 20000 pauses
-    against 1 ms with none. libgomp reads the variable when it loads, so this runs before the
-    first library that needs it does (`_onednn`); the pool library that times the CPU has no
-    OpenMP."""
-    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
-        return
-    if _mapped("libgomp"):
-        log.info(
-            "libgomp was loaded before the host executor: its wait policy stays the default "
-            "(set GOMP_SPINCOUNT=0 before importing libraries that use OpenMP)"
-        )
-        return
-    tp = build.pool()
-    pause_ns = tp.pause_ns if tp is not None else build.ASSUMED_PAUSE_NS
-    os.environ["GOMP_SPINCOUNT"] = str(round(build.GOMP_SPIN_NS / pause_ns))
-
-
-@functools.cache
-def _no_compiler_note() -> None:
-    log.warning(
-        "no C compiler (set $CC or install gcc): the host executor runs fused steps with NumPy "
-        "(slower, same results)"
-    )
-
-
-class HostLibrary:
-    """Compiled kernels: one shared library holding every distinct kernel of the given calls
-    (a plan's, or several plans' — tests share one library over a corpus)."""
-
-    def __init__(self, kernels: Sequence[csource.CKernel]) -> None:
-        uniq: dict[str, csource.CKernel] = {}
-        for k in kernels:
-            uniq.setdefault(k.name, k)
-        self.kernels = list(uniq.values())
-        self.index = {k.name: i for i, k in enumerate(self.kernels)}
-        parts = min(os.cpu_count() or 1, (len(self.kernels) + 15) // 16)  # a compiler per core
-        self.sources = csource.library_sources(self.kernels, build.prelude(), parts)
-        lib = build.load_library(self.sources)
-        self.run = lib.kn_run
-        self.run.restype = ctypes.c_int
-        self.run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-        self.run.argtypes += [ctypes.c_void_p, ctypes.c_void_p]
-        self.one = lib.kn_one
-        self.one.restype = ctypes.c_int
-        self.one.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        self.set_threads = lib.kn_set_threads
-        self.set_threads.restype, self.set_threads.argtypes = None, [ctypes.c_int]
-        self.openmp = bool(lib.kn_openmp())
-        self.set_dnnl = lib.kn_set_dnnl
-        self.set_dnnl.restype, self.set_dnnl.argtypes = None, [ctypes.c_void_p]
-        self.last_status = lib.kn_last_status
-        self.last_status.restype, self.last_status.argtypes = ctypes.c_int, []
-        self._lib = lib
-
-    @staticmethod
-    def for_plans(plans: Sequence[Plan], extra: Sequence[st.Step] = ()) -> HostLibrary | None:
-        """One library for every fused step of `plans` (and of `extra` steps); None without a
-        C compiler."""
-        if build.compiler() is None:
-            _no_compiler_note()
-            return None
-        kernels = []
-        for steps in [*(p.steps for p in plans), extra]:
-            for s in steps:
-                c = csource.step_call(s)
-                if c is not None:
-                    kernels.append(c.kernel)
-        return HostLibrary(kernels)
-
-
-@functools.cache
-def _blas_threads() -> Callable[[int], None]:
-    try:
-        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found]
-
-        return lambda n: threadpool_limits(n, user_api="blas")  # type: ignore[no-any-return]
-    except ImportError:
-        pass
-    try:
-        from kn_cuda_eval.cpu.onednn import _blas_set_num_threads
-
-        return _blas_set_num_threads()
-    except ImportError:
-        log.info("no BLAS thread control: NumPy GEMMs use OpenBLAS's default threads")
-        return lambda n: None
-
-
-def _onednn() -> Any:
-    """The oneDNN runner module, or None when it is missing or unusable. Loading oneDNN loads
-    libgomp: its spin count is set first (`_passive_openmp`)."""
-    _passive_openmp()
-    try:
-        from kn_cuda_eval.cpu import onednn
-    except ImportError:
-        return None
-    why = onednn.available()
-    if why is not None:
-        _onednn_note(why)
-        return None
-    return onednn
-
-
-@functools.cache
-def _onednn_note(why: str) -> None:
-    log.warning("oneDNN is not usable (%s): convolutions and GEMMs run with NumPy", why)
-
-
-@dataclass(frozen=True, slots=True)
-class _Segment:
-    """Steps [lo, hi) of the plan: one call of the library's step loop (compiled steps and
-    oneDNN primitives), or one host callable."""
-
-    lo: int
-    hi: int
-    run: Callable[[], int]  # 0, or (index within the segment + 1) of a failed entry
-    entries: tuple[int, ...] = ()  # the step of each entry of the step loop
-
-
-def _nothing() -> None:
-    """A step folded into another (`fuse.Folded`): nothing to run."""
-
-
-def _private_mapping(n: int) -> tuple[np.ndarray, mmap.mmap]:
-    """A page-aligned block of its own anonymous *private* mapping: pages given back with
-    `MADV_DONTNEED` are freed (a shared mapping, `mmap.mmap(-1, n)`'s default, would only move
-    them to shared memory, where VmRSS stops counting them)."""
-    mm = mmap.mmap(-1, max(n, 1), flags=mmap.MAP_PRIVATE)
-    return np.frombuffer(mm, np.uint8), mm
-
-
-def _identity(data: np.ndarray) -> tuple[object, ...]:
-    """A graph constant's identity while it lives: the address, size and type of its bytes."""
-    return (int(data.__array_interface__["data"][0]), int(data.nbytes), data.dtype.str)
-
-
-def _content(data: np.ndarray) -> tuple[object, ...]:
-    """A constant the planner made for one binding (a uniform value at its shape), by content:
-    the next binding makes its own array of the same bytes."""
-    digest = hashlib.blake2b(np.ascontiguousarray(data).view(np.uint8), digest_size=16)
-    return ("content", digest.hexdigest(), data.shape, data.dtype.str)
-
-
-class HostArena:
-    """The arena of a prepared graph's executors (one per binding of the sizes; they run one at a
-    time): one private mapping that grows to the largest binding seen (with a quarter of
-    headroom) instead of one arena per binding. Plans put the graph's constants first, at the
-    same offsets at every binding (`Plan.graph_constants`); executors whose plans agree on them
-    share the arena (in practice all: an executor whose plan differs gets an arena of its own).
-    The constants the planner made for one binding come after them, where another binding's
-    executor may have its workspace: an executor copies its own in again whenever another one
-    ran since (`last`).
-
-    It tracks which graph constants hold their bytes: an executor gives back the pages of
-    weights oneDNN packed (`_Release`), and another executor that reads those bytes as they are
-    (a fallback step, a GEMM run by BLAS) copies them in again before it runs (`version` tells
-    it something was given back since it last looked). `generation` changes when the mapping is
-    replaced: executors built over the old one are stale and are rebuilt."""
-
-    def __init__(self) -> None:
-        self.array: np.ndarray | None = None
-        self._mm: mmap.mmap | None = None
-        self.generation = 0
-        self.version = 0  # bumped when constant bytes are given back
-        self.layout: tuple[tuple[int, int, tuple[object, ...]], ...] | None = None
-        self._spans: list[tuple[int, int]] = []  # the layout's constants, by offset
-        self.resident: set[int] = set()  # offsets of graph constants whose bytes are here
-        self.last: object = None  # the executor that ran last (its own constants are in place)
-
-    @property
-    def capacity(self) -> int:
-        return 0 if self.array is None else int(self.array.size)
-
-    def take(self, plan: Plan, need: int) -> np.ndarray | None:
-        """`need` bytes for an executor of `plan`, or None when the plan's constant layout is
-        not this arena's (the executor then maps its own)."""
-        graph = plan.constants[: plan.graph_constants]
-        layout = tuple((off, int(d.nbytes), _identity(d)) for off, d in graph)
-        if self.layout is not None and layout != self.layout:
-            return None
-        if self.array is None or need > self.capacity:
-            page = mmap.PAGESIZE
-            size = -(-max(need, self.capacity + self.capacity // 4) // page) * page
-            if size > need and size > available_bytes():  # no headroom where memory is short
-                size = -(-need // page) * page
-            check_allocation(f"the host executor's arena ({len(plan.steps)} steps)", size)
-            self.array, self._mm = _private_mapping(size)
-            # unwritten memory reads as NaN, as in the emulator (constants are copied in)
-            self.array[plan.const_size : need].fill(0xFF)
-            self.generation += 1
-            self.resident.clear()
-        self.layout = layout
-        self._spans = [(off, off + n) for off, n, _ in layout]
-        self.last = None  # the new executor's packing may write where others keep theirs
-        return self.array[:need]
-
-    def loaded(self, off: int) -> None:
-        self.resident.add(off)
-
-    def drop(self, lo: int, hi: int) -> None:
-        """Give pages [lo, hi) back (whole pages; their constants no longer hold their bytes)."""
-        assert self._mm is not None
-        self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-        i = max(bisect.bisect_right(self._spans, (lo, 1 << 62)) - 1, 0)
-        while i < len(self._spans) and self._spans[i][0] < hi:
-            if self._spans[i][1] > lo:
-                self.resident.discard(self._spans[i][0])
-            i += 1
-        self.version += 1
-
-
-@dataclass
-class SharedMemory:
-    """What every executor of one prepared graph shares: the arena, the packed weights and
-    oneDNN's workspace. Weights are held once per prepared graph, whatever the bindings."""
-
-    arena: HostArena
-    packed: Any = None  # onednn.PackedWeights, when oneDNN is usable
-    workspace: Any = None  # onednn.Workspace
-
-    @staticmethod
-    def make() -> SharedMemory:
-        dnn = _onednn()
-        if dnn is None:
-            return SharedMemory(HostArena())
-        return SharedMemory(HostArena(), dnn.PackedWeights(), dnn.Workspace())
-
-    def nbytes(self) -> dict[str, int]:
-        """Bytes held: the arena's mapping, the packed weights, the workspace's block."""
-        return {
-            "arena": self.arena.capacity,
-            "packed": 0 if self.packed is None else int(self.packed.nbytes),
-            "workspace": 0 if self.workspace is None else int(self.workspace.mapped),
-        }
-
-
-def _packed_operand(s: st.Step) -> StridedView | None:
-    """The operand a oneDNN runner packs once when it is a constant: a conv's weights, a GEMM's
-    `a` (the graph's right operand)."""
-    if isinstance(s, st.Conv):
-        return s.w
-    if isinstance(s, st.MatMul):
-        return s.a
-    return None
-
-
-class _Release:
-    """Constant pages no step reads once oneDNN has packed them (`madvise(MADV_DONTNEED)`): the
-    weights would otherwise be held twice, in the arena and packed. A range goes back when every
-    step reading it has been built and each packed it; pages any other step reads (a bias, a
-    gather of tied embeddings, a fallback step) or that a plan output views stay."""
-
-    def __init__(self, plan: Plan, arena: HostArena) -> None:
-        self._arena = arena
-        const = plan.const_size
-        self.cands: dict[int, tuple[int, int]] = {}
-        keep: list[tuple[int, int]] = []
-        for k, s in enumerate(plan.steps):
-            packed = _packed_operand(s)
-            for r in s.reads():
-                lo, hi = r.byte_extent()
-                if lo >= const or lo == hi:
-                    continue
-                if r is packed and hi <= const:
-                    self.cands[k] = (lo, hi)
-                else:
-                    keep.append((lo, hi))
-        for v in plan.outputs:  # an output that is a constant is read from the arena
-            lo, hi = v.byte_extent()
-            if lo < const and lo < hi:
-                keep.append((lo, hi))
-        self._keep = _merged(keep)  # sorted, disjoint
-        self._keep_lo = [lo for lo, _ in self._keep]
-        self._packed: dict[int, bool] = {}
-        ks = sorted(self.cands)
-        # the last candidate step whose range overlaps each one's: when it is built, decide
-        self._last = {k: max(j for j in ks if _overlap(self.cands[j], self.cands[k])) for k in ks}
-        self.released = 0  # bytes handed back
-
-    def deferrable(self, lo: int, hi: int) -> bool:
-        """Whether the constant bytes [lo, hi) are read only as operands oneDNN packs."""
-        span = (lo, hi)
-        return (
-            lo < hi
-            and any(_overlap(span, c) for c in self.cands.values())
-            and not self._kept_in(lo, hi)
-        )
-
-    def _kept_in(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """The kept ranges that overlap [lo, hi)."""
-        i = max(bisect.bisect_right(self._keep_lo, lo) - 1, 0)
-        out = []
-        while i < len(self._keep) and self._keep[i][0] < hi:
-            if self._keep[i][1] > lo:
-                out.append(self._keep[i])
-            i += 1
-        return out
-
-    def built(self, k: int, packed: bool) -> None:
-        if k not in self.cands:
-            return
-        self._packed[k] = packed
-        for i, last in self._last.items():
-            if last != k:
-                continue
-            group = [j for j in self.cands if _overlap(self.cands[j], self.cands[i])]
-            if all(self._packed.get(j, False) for j in group):
-                self._drop(*self.cands[i])
-
-    def _drop(self, lo: int, hi: int) -> None:
-        page = mmap.PAGESIZE
-        parts = [(-(-lo // page) * page, hi // page * page)]
-        for klo, khi in self._kept_in(lo - page, hi + page):  # whole pages of kept bytes stay
-            klo, khi = klo // page * page, -(-khi // page) * page
-            parts = [
-                q for a, b in parts for q in ((a, min(b, klo)), (max(a, khi), b)) if q[0] < q[1]
-            ]
-        for a, b in parts:
-            if a >= b:
-                continue
-            self._arena.drop(a, b)
-            self.released += b - a
-
-
-def _copy_constant(arena: np.ndarray, off: int, data: np.ndarray) -> None:
-    """Constant bytes into the arena; the source's pages go back when it views a mapped model
-    file (`release_pages`: the arena holds the copy, a later read faults them in again)."""
-    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-    arena[off : off + raw.size] = raw
-    release_pages(data)
-
-
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(spans):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
-
-
-def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[1] and b[0] < a[1]
+_Step = st.Step | fuse.Folded  # a step as the executor runs it
+_Built = tuple[Callable[[], None] | None, str]  # a step's host callable (None: none), its name
 
 
 def _matmul_numpy(arena: np.ndarray, s: st.MatMul) -> Callable[[], None] | None:
@@ -493,73 +120,20 @@ class HostExecutor:
         """`shared`: the memory of the prepared graph this executor is one binding of (its
         arena, packed weights and oneDNN workspace); None: all of its own."""
         plan.validate_once()
-        _passive_openmp()
+        passive_openmp()
         self.plan = plan
         self.threads = default_threads() if threads is None else max(1, int(threads))
         has_lib = any(isinstance(s, st.Conv | st.MatMul | st.Attention) for s in plan.steps)
-        dnn = _onednn() if has_lib else None
+        self._onednn = has_lib and onednn_usable()
         # large attention steps as GEMMs and softmaxes over scratch past the plan's arena
         scratch = -(-plan.arena_size // _ALIGN) * _ALIGN
-        self._split: dict[int, list[st.MatMul | st.Softmax]] = {}
-        extra = 0
-        if dnn is not None and build.compiler() is not None:
-            for k, s in enumerate(plan.steps):
-                if isinstance(s, st.Attention):
-                    got = attention.split_attention(s, scratch)
-                    if got is not None:
-                        self._split[k], size = got
-                        extra = max(extra, size)
+        extra = self._split_attention(scratch)
         # the steps as run: copies their producer writes in place (`elide`), activations
         # folded into the convolution before them (`fuse`)
         base = elide.elide_copies(plan.steps, plan.outputs)
-        self.steps: list[st.Step | fuse.Folded] = list(base)
-        self._posts: dict[int, tuple[fuse.PostOp, ...]] = {}
-        if dnn is not None:
-            convs = [
-                k
-                for k, s in enumerate(base)
-                if isinstance(s, st.Conv) and s.out.dtype in (DType.F32, DType.F16)
-            ]
-            at = scratch + -(-extra // _ALIGN) * _ALIGN
-            self.steps, self._posts, used = fuse.fold_activations(
-                base,  # type: ignore[arg-type]
-                plan.outputs,
-                convs,
-                at,
-            )
-            extra = at - scratch + used
-        self.blocked = self._layouts(dnn)  # before the calls: strided steps' views change
-        need = scratch + extra if extra else plan.arena_size
-        check_plan(plan, need)  # what cannot fit is refused before anything is mapped
-        own = shared.arena if shared is not None else HostArena()
-        arena = own.take(plan, need)
-        if arena is None:  # not the constant layout of the prepared graph's arena
-            log.debug("a binding with another constant layout: an arena of its own")
-            own = HostArena()
-            arena = own.take(plan, need)
-            assert arena is not None
-        self.arena = arena
-        self._home = own
-        self.generation = own.generation
-        self._release = _Release(plan, own)
-        # constants only oneDNN packs are copied in just before their step packs them (and
-        # their pages go back right after): the weights are never all in the arena at once;
-        # with shared packed weights, a binding after the first finds them packed and never
-        # copies them at all
-        self._deferred: list[tuple[int, np.ndarray]] = []
-        self._raw: list[tuple[int, np.ndarray]] = []  # constants steps read as they are
-        # where the constants the planner made for this binding start
-        self._own_from = (
-            plan.constants[plan.graph_constants][0]
-            if plan.graph_constants < len(plan.constants)
-            else plan.const_size
-        )
-        for off, data in plan.constants:
-            if self._release.deferrable(off, off + data.nbytes):
-                self._deferred.append((off, data))
-            else:
-                self._raw.append((off, data))
-        self._resident()
+        extra = self._fold_activations(base, scratch, extra)
+        self.blocked = self._layouts()  # before the calls: strided steps' views change
+        self._map_arena(shared, scratch + extra if extra else plan.arena_size)
         self._base = self.arena.ctypes.data
         self._inputs = [view_array(self.arena, v) for v in plan.inputs]
         self._outputs = [view_array(self.arena, v) for v in plan.outputs]
@@ -567,6 +141,90 @@ class HostExecutor:
         self.calls: list[csource.CCall | None] = [
             None if isinstance(s, fuse.Folded) else csource.step_call(s) for s in self.steps
         ]
+        self.library = self._compile(library, has_lib)
+        if self.library is not None:
+            self.library.set_threads(self.threads)
+        blas_threads()(self.threads)
+        self._runner_memory(shared)
+        self._build_steps(base)
+        self._finish()
+
+    # -- building ------------------------------------------------------------------------------
+    def _split_attention(self, scratch: int) -> int:
+        """Attention steps large enough to run as GEMMs and softmaxes (`attention`) over scratch
+        from byte `scratch` on; the scratch bytes they need."""
+        self._split: dict[int, list[st.MatMul | st.Softmax]] = {}
+        extra = 0
+        if self._onednn and build.compiler() is not None:
+            for k, s in enumerate(self.plan.steps):
+                if isinstance(s, st.Attention):
+                    got = attention.split_attention(s, scratch)
+                    if got is not None:
+                        self._split[k], size = got
+                        extra = max(extra, size)
+        return extra
+
+    def _fold_activations(self, base: list[_Step], scratch: int, extra: int) -> int:
+        """`self.steps`: `base` with activations folded into the convolutions before them
+        (`fuse`, oneDNN's post-ops in `self._posts`); the scratch bytes needed past `scratch`."""
+        self.steps: list[_Step] = list(base)
+        self._posts: dict[int, tuple[fuse.PostOp, ...]] = {}
+        if not self._onednn:
+            return extra
+        convs = [
+            k
+            for k, s in enumerate(base)
+            if isinstance(s, st.Conv) and s.out.dtype in (DType.F32, DType.F16)
+        ]
+        at = scratch + -(-extra // _ALIGN) * _ALIGN
+        self.steps, self._posts, used = fuse.fold_activations(
+            base,  # type: ignore[arg-type]
+            self.plan.outputs,
+            convs,
+            at,
+        )
+        return at - scratch + used
+
+    def _layouts(self) -> dict[int, frozenset[str]]:
+        """The layout pass (`layouts.blocked_roles`) over oneDNN's choices for every conv step;
+        keeps the descriptors of the convs that read or write a blocked activation."""
+        self._descs: dict[int, onednn.ConvDesc] = {}
+        if not self._onednn:
+            return {}
+        for k, s in enumerate(self.steps):
+            if isinstance(s, st.Conv):
+                d = onednn.conv_desc(s, self.threads, CHAIN_LAYOUT, self._posts.get(k, ()))
+                if d is not None:
+                    self._descs[k] = d
+        choice = layouts.choose_layouts(self.steps, self.plan.outputs, self._descs)
+        for k in [k for k in self._descs if k not in choice.roles]:
+            self._descs.pop(k).close()  # made again with the measured plain/blocked pick
+        for k, table in choice.views.items():  # strided steps read and write channels-last
+            step = self.steps[k]
+            assert not isinstance(step, fuse.Folded)
+            self.steps[k] = st.map_views(step, lambda v, t=table: t.get(v, v))  # type: ignore[assignment]
+        return choice.roles
+
+    def _map_arena(self, shared: SharedMemory | None, need: int) -> None:
+        """`need` bytes of the prepared graph's arena (or of one of this executor's own when its
+        constants are laid out otherwise), with the constants steps read as they are copied in."""
+        check_plan(self.plan, need)  # what cannot fit is refused before anything is mapped
+        own = shared.arena if shared is not None else HostArena()
+        arena = own.take(self.plan, need)
+        if arena is None:  # not the constant layout of the prepared graph's arena
+            log.debug("a binding with another constant layout: an arena of its own")
+            own = HostArena()
+            arena = own.take(self.plan, need)
+            assert arena is not None
+        self.arena = arena
+        self._home = own
+        self.generation = own.generation
+        self._release = PageRelease(self.plan, own)
+        self._constants = ArenaConstants(self.plan, own, arena, self._release)
+
+    def _compile(self, library: HostLibrary | None, has_lib: bool) -> HostLibrary | None:
+        """`library`, or one compiled for this plan when it lacks a kernel of the steps as run
+        (the layout pass rewrote them); None without a C compiler."""
         subs = [t for ts in self._split.values() for t in ts]
         if library is not None and any(
             c is not None and c.kernel.name not in library.index for c in self.calls
@@ -582,56 +240,48 @@ class HostExecutor:
                 if isinstance(t, fuse.Folded) and not isinstance(t.original, st.Copy)
             ]
             if build.compiler() is None:
-                _no_compiler_note()
+                no_compiler_note()
             else:
                 more = [csource.step_call(t) for t in [*acts, *subs]]
                 library = HostLibrary([c.kernel for c in [*self.calls, *more] if c is not None])
-        self.library = library
-        if library is not None:
-            library.set_threads(self.threads)
-        _blas_threads()(self.threads)
+        return library
+
+    def _runner_memory(self, shared: SharedMemory | None) -> None:
+        """One block for every runner's scratchpad and reorder buffers (they run one at a time)
+        and the packed weights: the prepared graph's, shared by every binding's executor."""
+        self._ws: onednn.Workspace | None = None
+        self._store: onednn.PackedWeights | None = None
+        if self._onednn:
+            self._ws = shared.workspace if shared is not None else None
+            self._ws = self._ws if self._ws is not None else onednn.Workspace()
+            self._store = shared.packed if shared is not None else None
+            self._store = self._store if self._store is not None else onednn.PackedWeights()
+
+    def _build_steps(self, base: list[_Step]) -> None:
+        """Every step prebuilt: split attention's pieces, a oneDNN runner, the library's C call
+        or a NumPy function (`names` says which); deferred constants copied in and pages
+        released as their steps are built."""
         self._keep: list[object] = []  # ctypes arrays the prebuilt calls point into
         self.names: list[str] = []
         self._host: list[Callable[[], None] | None] = []
         self._packs: set[int] = set()  # steps whose constant operand oneDNN packed
-        # one block for every runner's scratchpad and reorder buffers (they run one at a time;
-        # shared by every binding's executor of a prepared graph)
-        self._ws = None
-        self._store = None  # packed weights shared by the prepared graph's executors
-        if dnn is not None:
-            self._ws = shared.workspace if shared is not None else None
-            self._ws = self._ws if self._ws is not None else dnn.Workspace()
-            self._store = shared.packed if shared is not None else None
-            self._store = self._store if self._store is not None else dnn.PackedWeights()
-        self._composite: dict[int, list[Any]] = {}  # split attention: runners and C calls
-        self._dnn = dnn
-        for k in range(len(plan.steps)):
-            pieces = self._pieces(k, dnn) if k in self._split else None
+        self._composite: dict[int, list[onednn.Runner | csource.CCall]] = {}
+        for k in range(len(self.plan.steps)):
+            pieces = self._pieces(k) if k in self._split else None
             if pieces is not None:
                 self._composite[k] = pieces
                 self.calls[k] = None
                 self.names.append(f"onednn gemm+softmax x{len(pieces) // 3}")
                 self._host.append(functools.partial(self._run_pieces, k))
                 continue
-            fn, name = self._library_step(k, self.steps[k], dnn)
-            if fn is None and k in self._posts:  # oneDNN declined it: both steps run again,
-                del self._posts[k]  # the activation writing where its readers now look
-                folded = self.steps[k]
-                assert isinstance(folded, st.Conv)
-                conv, nxt = base[k], base[k + 1]
-                assert not isinstance(nxt, fuse.Folded)
-                y = nxt.writes()[0]
-                act = st.map_views(
-                    nxt, lambda v, y=y, at=folded.out.offset: v.with_offset(at) if v == y else v
-                )
-                self.steps[k : k + 2] = [conv, act]  # type: ignore[list-item]
-                self.calls[k + 1] = csource.step_call(act)  # type: ignore[arg-type]
-                fn, name = self._library_step(k, self.steps[k], dnn)
+            fn, name = self._library_step(k, self.steps[k])
+            if fn is None and k in self._posts:  # oneDNN declined it
+                fn, name = self._unfold(k, base)
             if k not in self._packs:  # its constant operand is read as it is
-                self._copy_deferred(k, raw=True)
+                self._constants.copy_deferred(k, raw=True)
             self._release.built(k, k in self._packs)
             s, c = self.steps[k], self.calls[k]
-            if c is not None and library is not None:
+            if c is not None and self.library is not None:
                 self.names.append(c.kernel.name)
                 self._host.append(None)
             else:
@@ -639,78 +289,39 @@ class HostExecutor:
                 self._host.append(
                     fn if fn is not None else functools.partial(emulate_step, self.arena, k, s)
                 )
+
+    def _unfold(self, k: int, base: list[_Step]) -> _Built:
+        """Convolution k with an activation folded in, which oneDNN declined: both steps run
+        again, the activation writing where its readers now look."""
+        del self._posts[k]
+        folded = self.steps[k]
+        assert isinstance(folded, st.Conv)
+        conv, nxt = base[k], base[k + 1]
+        assert not isinstance(nxt, fuse.Folded)
+        y = nxt.writes()[0]
+        act = st.map_views(
+            nxt, lambda v, y=y, at=folded.out.offset: v.with_offset(at) if v == y else v
+        )
+        self.steps[k : k + 2] = [conv, act]  # type: ignore[list-item]
+        self.calls[k + 1] = csource.step_call(act)  # type: ignore[arg-type]
+        return self._library_step(k, self.steps[k])
+
+    def _finish(self) -> None:
+        """The workspace mapped for every runner, constant pages given back once more, the
+        library's step loop told oneDNN's execute function, the steps cut into segments."""
         if self._ws is not None:
             self._ws.bind()
-        # deferred constants left are those whose steps found their weights packed already
-        self._deferred.clear()
-        # once more for all: reading one constant maps in the page cache's whole folio, which
-        # may hold a neighbour released before
-        for _, data in plan.constants:
-            release_pages(data)
-        if library is not None and dnn is not None:
-            execute = dnn.load_dnnl().fns["dnnl_primitive_execute"]
-            library.set_dnnl(ctypes.cast(execute, ctypes.c_void_p).value)
-        self.segments = self._segments()
+        self._constants.finish()
+        if self.library is not None and self._onednn:
+            execute = onednn.load_dnnl().fns["dnnl_primitive_execute"]
+            self.library.set_dnnl(ctypes.cast(execute, ctypes.c_void_p).value)
+        entries = [self._entries(k) for k in range(len(self.steps))]
+        self.segments = segments(self.library, self._base, entries, self._host, self._keep)
         self._lock = threading.Lock()
 
-    # -- building ------------------------------------------------------------------------------
-    def _copy_deferred(self, k: int, raw: bool = True) -> None:
-        """Copy in the deferred constants step k reads (to pack them, or as they are when it
-        did not pack), before oneDNN packs them or the step runs."""
-        span = self._release.cands.get(k)
-        if span is None or not self._deferred:
-            return
-        rest = []
-        for off, data in self._deferred:
-            if _overlap(span, (off, off + data.nbytes)):
-                _copy_constant(self.arena, off, data)
-                self._home.loaded(off)
-                if raw:
-                    self._raw.append((off, data))
-            else:
-                rest.append((off, data))
-        self._deferred = rest
-
-    def _resident(self) -> None:
-        """Copy in the graph constants this executor reads as they are and the arena does not
-        hold (not yet, or given back since by another binding's executor)."""
-        home = self._home
-        for off, data in self._raw:
-            if off < self._own_from and off not in home.resident:
-                _copy_constant(self.arena, off, data)
-                home.loaded(off)
-        self._seen = home.version
-
     def _claim(self) -> None:
-        """Before a run: the constants the planner made for this binding back in place when
-        another executor ran (or was built) in the arena since, and resident graph constants."""
-        home = self._home
-        if self._seen != home.version:  # another binding gave constant pages back
-            self._resident()
-        if home.last is not self:
-            for off, data in self._raw:
-                if off >= self._own_from:
-                    _copy_constant(self.arena, off, data)
-            home.last = self
-
-    def _packing(self, k: int) -> Any:
-        """Where step k's constant operand is packed: the prepared graph's store, keyed by the
-        constant's bytes and the operand's view of them; None without a store."""
-        span = self._release.cands.get(k)
-        if self._store is None or span is None or self._dnn is None:
-            return None
-        view = _packed_operand(self.steps[k])  # type: ignore[arg-type]
-        if view is None:
-            return None
-        lo = span[0]
-        for off, data in self.plan.constants:
-            if off <= lo < off + data.nbytes:
-                ident = _identity(data) if off < self._own_from else _content(data)
-                key = (ident, lo - off, view.shape, view.strides, view.dtype.name)
-                return self._dnn.Packing(
-                    self._store, key, functools.partial(self._copy_deferred, k, False), data
-                )
-        return None
+        """Before a run: this binding's constants in place (`ArenaConstants.claim`)."""
+        self._constants.claim(self)
 
     @property
     def stale(self) -> bool:
@@ -722,7 +333,7 @@ class HostExecutor:
         """Free the oneDNN objects of the runners (the packed weights they share stay) and let
         go of the arena; the executor cannot run after."""
         for h in self._host:
-            if self._dnn is not None and isinstance(h, self._dnn.Runner):
+            if isinstance(h, onednn.Runner):
                 h.close()
         for pieces in self._composite.values():
             for piece in pieces:
@@ -732,38 +343,18 @@ class HostExecutor:
         self._inputs, self._outputs = [], []
         self.arena = np.zeros(0, np.uint8)
 
-    def _layouts(self, dnn: Any) -> dict[int, frozenset[str]]:
-        """The layout pass (`layouts.blocked_roles`) over oneDNN's choices for every conv step;
-        keeps the descriptors of the convs that read or write a blocked activation."""
-        self._descs: dict[int, Any] = {}
-        if dnn is None:
-            return {}
-        for k, s in enumerate(self.steps):
-            if isinstance(s, st.Conv):
-                d = dnn.conv_desc(s, self.threads, CHAIN_LAYOUT, self._posts.get(k, ()))
-                if d is not None:
-                    self._descs[k] = d
-        choice = layouts.choose_layouts(self.steps, self.plan.outputs, self._descs)
-        for k in [k for k in self._descs if k not in choice.roles]:
-            self._descs.pop(k).close()  # made again with the measured plain/blocked pick
-        for k, table in choice.views.items():  # strided steps read and write channels-last
-            step = self.steps[k]
-            assert not isinstance(step, fuse.Folded)
-            self.steps[k] = st.map_views(step, lambda v, t=table: t.get(v, v))  # type: ignore[assignment]
-        return choice.roles
-
-    def _library_step(self, k: int, s: st.Step, dnn: Any) -> tuple[Callable[[], None] | None, str]:
+    def _library_step(self, k: int, s: _Step) -> _Built:
         match s:
             case fuse.Folded(original=st.Copy()):
-                return _nothing, f"copy written in place by step {s.into}"
+                return nothing, f"copy written in place by step {s.into}"
             case fuse.Folded():
-                return _nothing, f"folded into step {s.into}"
+                return nothing, f"folded into step {s.into}"
             case st.Conv():
-                if dnn is None:
+                if not self._onednn:
                     return None, ""
                 const_w = s.w.byte_extent()[1] <= self.plan.const_size  # else repacked per run
                 roles = self.blocked.get(k, frozenset())
-                fn = dnn.conv_runner(
+                fn = onednn.conv_runner(
                     s,
                     self.arena,
                     self.threads,
@@ -772,44 +363,44 @@ class HostExecutor:
                     blocked=roles,
                     post=self._posts.get(k, ()),
                     workspace=self._ws,
-                    packing=self._packing(k) if const_w else None,
+                    packing=self._constants.packing(k, s, self._store) if const_w else None,
                 )
                 if fn is not None and const_w:
                     self._packs.add(k)
-                blocked = f" ({','.join(r for r in dnn.ROLES if r in roles)} blocked)"
+                blocked = f" ({','.join(r for r in onednn.ROLES if r in roles)} blocked)"
                 folded = " +act" if k in self._posts else ""
                 return fn, "onednn conv" + folded + (blocked if roles else "")
             case st.MatMul():
                 # the graph's right operand (`a` in cuBLAS terms) packed once when constant
                 packed = s.a.byte_extent()[1] <= self.plan.const_size
                 fn = (
-                    dnn.gemm_runner(
+                    onednn.gemm_runner(
                         s,
                         self.arena,
                         self.threads,
                         constant_weights=packed,
                         workspace=self._ws,
-                        packing=self._packing(k) if packed else None,
+                        packing=self._constants.packing(k, s, self._store) if packed else None,
                     )
-                    if dnn is not None
+                    if self._onednn
                     else None
                 )
                 if fn is not None:
-                    if packed and isinstance(fn, dnn.Runner):
+                    if packed and isinstance(fn, onednn.Runner):
                         self._packs.add(k)
                     return fn, "onednn/blas gemm"
                 return _matmul_numpy(self.arena, s), "numpy matmul"
             case _:
                 return None, ""
 
-    def _pieces(self, k: int, dnn: Any) -> list[Any] | None:
+    def _pieces(self, k: int) -> list[onednn.Runner | csource.CCall] | None:
         """The runners (GEMMs) and C calls (softmaxes) of split attention step k; None when one
         of them is missing (the fused kernel then runs)."""
-        out: list[Any] = []
+        out: list[onednn.Runner | csource.CCall] = []
         for sub in self._split[k]:
             if isinstance(sub, st.MatMul):
-                r = dnn.gemm_runner(sub, self.arena, self.threads, workspace=self._ws)
-                if not isinstance(r, dnn.Runner):
+                r = onednn.gemm_runner(sub, self.arena, self.threads, workspace=self._ws)
+                if not isinstance(r, onednn.Runner):
                     return None
                 out.append(r)
             else:
@@ -827,69 +418,30 @@ class HostExecutor:
             else:
                 piece()
 
-    def _kernel_entry(self, c: csource.CCall) -> tuple[int, Any, Any]:
-        assert self.library is not None
-        p = (ctypes.c_longlong * max(len(c.ints), 1))(*c.ints)
-        f = (ctypes.c_double * max(len(c.floats), 1))(*c.floats)
-        return self.library.index[c.kernel.name], p, f
-
-    def _runner_entries(self, r: Any) -> list[tuple[int, Any, Any]]:
-        none = (ctypes.c_double * 1)()
-        return [(-1, (ctypes.c_longlong * 4)(*e), none) for e in r.c_entries()]
-
-    def _entries(self, k: int) -> list[tuple[int, Any, Any]] | None:
+    def _entries(self, k: int) -> list[Entry] | None:
         """Step k in the library's step loop: (kernel id or -1 for a oneDNN primitive, ints,
         floats) per entry; None when it runs in Python (a NumPy step, BLAS)."""
-        host, c = self._host[k], self.calls[k]
-        if self.library is None:
+        host, c, lib = self._host[k], self.calls[k], self.library
+        if lib is None:
             return None
         if k in self._composite:
             return [
                 e
                 for piece in self._composite[k]
                 for e in (
-                    [self._kernel_entry(piece)]
+                    [kernel_entry(lib, piece)]
                     if isinstance(piece, csource.CCall)
-                    else self._runner_entries(piece)
+                    else runner_entries(piece)
                 )
             ]
         if host is None:
             assert c is not None
-            return [self._kernel_entry(c)]
-        if host is _nothing:
+            return [kernel_entry(lib, c)]
+        if host is nothing:
             return []
-        if self._dnn is not None and isinstance(host, self._dnn.Runner):
-            return self._runner_entries(host)
+        if isinstance(host, onednn.Runner):
+            return runner_entries(host)
         return None
-
-    def _segments(self) -> list[_Segment]:
-        out: list[_Segment] = []
-        n = len(self.steps)
-        k = 0
-        while k < n:
-            entries = self._entries(k)
-            if entries is None:
-                out.append(_Segment(k, k + 1, _returns_zero(self._host[k])))  # type: ignore[arg-type]
-                k += 1
-                continue
-            hi, loop, owner = k, [], []
-            while hi < n:
-                e = entries if hi == k else self._entries(hi)
-                if e is None:
-                    break
-                loop += e
-                owner += [hi] * len(e)
-                hi += 1
-            if loop:
-                assert self.library is not None
-                kid = (ctypes.c_int * len(loop))(*(e[0] for e in loop))
-                ps = (ctypes.c_void_p * len(loop))(*(ctypes.addressof(e[1]) for e in loop))
-                fs = (ctypes.c_void_p * len(loop))(*(ctypes.addressof(e[2]) for e in loop))
-                self._keep += [kid, ps, fs, loop]
-                run = functools.partial(self.library.run, self._base, len(loop), kid, ps, fs)
-                out.append(_Segment(k, hi, run, tuple(owner)))
-            k = hi
-        return out
 
     # -- running -------------------------------------------------------------------------------
     def _fail(self, k: int, e: BaseException | None = None) -> EvaluationError:
@@ -922,8 +474,7 @@ class HostExecutor:
                 assert self.library is not None
                 status = int(self.library.last_status())
                 if status:  # a oneDNN primitive of the step
-                    assert self._dnn is not None
-                    e = self._dnn.OnednnError("dnnl_primitive_execute", status)
+                    e = onednn.OnednnError("dnnl_primitive_execute", status)
                     raise self._fail(k, e.at(self.steps[k]))  # type: ignore[arg-type]
                 raise self._fail(k)
 
@@ -968,22 +519,13 @@ class HostExecutor:
         the system's)."""
         if self.library is not None:
             self.library.set_threads(self.threads)
-        if self._dnn is not None:
-            self._dnn._omp_set_num_threads()(self.threads)
+        if self._onednn:
+            onednn.omp_thread_setter()(self.threads)
 
     def _one(self, k: int, c: csource.CCall) -> int:
         assert self.library is not None
-        p = (ctypes.c_longlong * max(len(c.ints), 1))(*c.ints)
-        f = (ctypes.c_double * max(len(c.floats), 1))(*c.floats)
-        return int(self.library.one(self._base, self.library.index[c.kernel.name], p, f))
-
-
-def _returns_zero(f: Callable[[], object]) -> Callable[[], int]:
-    def run() -> int:
-        f()
-        return 0
-
-    return run
+        kid, p, f = kernel_entry(self.library, c)
+        return int(self.library.one(self._base, kid, p, f))
 
 
 def _check_bound(graph: Graph, bindings: Mapping[str, int]) -> None:
@@ -1003,7 +545,7 @@ def host_plan_settings(graph: Graph) -> PlanSettings:
     """The planner's settings for the host: the convolutions' relu folded only where oneDNN's
     relu keeps NaN (`fuse.relu_agrees`, asked of the library once per process, and only for a
     graph with a convolution); elsewhere it is an elementwise step of its own."""
-    if not any(isinstance(graph[v].op, Conv) for v in graph.values()) or _onednn() is None:
+    if not any(isinstance(graph[v].op, Conv) for v in graph.values()) or not onednn_usable():
         return PlanSettings()
     return PlanSettings(fuse_conv_relu=fuse.relu_agrees(DType.F32))
 

@@ -22,7 +22,8 @@ import scipy.special
 
 from kn_cuda_eval import Plan, PlanSettings, plan
 from kn_cuda_eval.cpu import build
-from kn_cuda_eval.cpu.executor import HostExecutor, HostLibrary
+from kn_cuda_eval.cpu.executor import HostExecutor
+from kn_cuda_eval.cpu.library import HostLibrary
 from kn_cuda_eval.cuda.hostcheck.sweep import run_planner_tests
 from kn_cuda_eval.planning import steps
 from kn_cuda_eval.planning.emulator import view_array
@@ -423,8 +424,8 @@ def test_mapped_weights_are_copied_one_at_a_time_and_leave_memory(
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from kn_cuda_eval.cpu import executor as hx
     from kn_cuda_eval.cpu import onednn
+    from kn_cuda_eval.cpu.arena import PageRelease
     from kn_graph.onnx import load_onnx
     from kn_graph.ops import Constant
 
@@ -457,13 +458,13 @@ def test_mapped_weights_are_copied_one_at_a_time_and_leave_memory(
     assert _resident(file_map) >= total  # read by the reference: in memory
 
     seen: list[int] = []
-    built = hx._Release.built
+    built = PageRelease.built
 
     def watch(self, k: int, packed: bool) -> None:  # step k built: its weight is in the arena
         seen.append(_resident_range(self._arena.array.ctypes.data, self._arena.capacity))
         built(self, k, packed)
 
-    monkeypatch.setattr(hx._Release, "built", watch)
+    monkeypatch.setattr(PageRelease, "built", watch)
     p = Device.cpu(threads=2).prepare(g)  # static: built at once
     (ex,) = p.cache.values()
     assert_close(p.eval([x])[0], want, "mapped weights")

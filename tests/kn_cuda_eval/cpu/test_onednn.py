@@ -14,6 +14,7 @@ import pytest
 
 from kn_cuda_eval import plan
 from kn_cuda_eval.cpu import onednn
+from kn_cuda_eval.cpu.onednn import lib as onednn_lib
 from kn_cuda_eval.planning import steps as st
 from kn_cuda_eval.planning.emulator import emulate_step, load_arena, view_array
 from kn_cuda_eval.planning.gemm import plan_gemm
@@ -388,7 +389,7 @@ def _wheel_installed() -> bool:
 
 def test_available_when_the_wheel_is_installed() -> None:
     reason = onednn.available()
-    if not onednn._search():  # KN_ONEDNN=0: as if not installed, saying why
+    if not onednn_lib.search():  # KN_ONEDNN=0: as if not installed, saying why
         assert reason is not None and onednn.HIDE_VARIABLE in reason and "\n" not in reason
     elif _wheel_installed():
         assert reason is None, reason
@@ -411,7 +412,7 @@ def test_f32_is_implemented_wherever_onednn_is() -> None:
 def test_kn_onednn_hides_the_library(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     """$KN_ONEDNN=0 behaves as if oneDNN were not installed, even after it was loaded: one-line
     reason naming the variable, no runners, the emulator's step (the GPU image's case)."""
-    started_hidden = not onednn._search()  # then stay hidden: the run is the GPU image's
+    started_hidden = not onednn_lib.search()  # then stay hidden: the run is the GPU image's
     before = onednn.available()
     monkeypatch.setenv(onednn.HIDE_VARIABLE, value)
     reason = onednn.available()
@@ -473,8 +474,8 @@ def test_unimplemented_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_missing_library_is_a_one_line_reason_and_the_fallback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(onednn, "_search", lambda: [("nowhere", "/nonexistent/libdnnl.so.3")])
-    caches = (onednn.load_dnnl, onednn._engine)
+    monkeypatch.setattr(onednn_lib, "search", lambda: [("nowhere", "/nonexistent/libdnnl.so.3")])
+    caches = (onednn_lib.load_dnnl, onednn_lib.engine)
     for f in caches:
         f.cache_clear()
     try:
