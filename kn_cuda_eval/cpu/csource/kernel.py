@@ -82,7 +82,7 @@ class Args:
         self.decls: list[str] = []
         self.ints: list[int] = []
         self.floats: list[float] = []
-        self.regions: list[CodeWriter] = []  # parallel region functions (`_parallel`)
+        self.regions: list[CodeWriter] = []  # parallel region functions (`parallel`)
 
     def int_(self, name: str, value: int) -> str:
         self.decls.append(f"const long long {name} = p[{len(self.ints)}];")
@@ -148,7 +148,7 @@ def parallel(
     region: Callable[[CodeWriter], None],
 ) -> None:
     """A parallel loop over `units` units of work: `region` (writing at the level of a function
-    body) becomes a function of its own, `KN_REGION<i>` until `_kernel` names it, that loops
+    body) becomes a function of its own, `KN_REGION<i>` until `call` names it, that loops
     `while (kn_next(kn_t, &lo, &hi))` over the chunks [lo, hi) it is given; the kernel calls
     `kn_parallel`, which runs it on the pool's threads when `work` passes `PAR_WORK`, else once
     over every unit. `shared`: declarations both need, written in both."""
