@@ -1,5 +1,5 @@
-// Kyanite host kernels: the C spelling of what the CUDA prelude (kernels/templates/prelude.cu)
-// and the CUDA headers give the shared expression table (kernels/exprs.py): half, __half2float,
+// Kyanite host kernels: the C spelling of what the CUDA prelude (cuda/kernels/templates/prelude.cu)
+// and the CUDA headers give the shared expression table (codegen/exprs.py): half, __half2float,
 // kn_fmin, kn_idiv, ... . Written for C11 (gnu11) and the system compiler; everything is static
 // inline so the vectorizer sees through it.
 #include <math.h>
@@ -126,7 +126,7 @@ KN_INT_HELPERS(unsigned long long, u64, unsigned long long)
 // -- vectorizable f32 exp, tanh and erf ---------------------------------------------------------
 // Branch-free (every path computed, then selected), so loops calling them vectorize; libm's
 // scalar calls do not. Accuracy: exp and tanh about 1 ulp, erf within 2.5 ulp of the correctly
-// rounded result (checked against scipy in tests/cuda_eval/test_cpu_executor.py).
+// rounded result (checked against scipy in tests/kn_cuda_eval/cpu/test_executor.py).
 static inline float kn_exp2i(int n) { return __int_as_float((n + 127) << 23); }
 
 static inline float kn_expf(float x) {

@@ -1,9 +1,12 @@
 """Generator of the fused attention kernel: f32 math for f32 and f16 storage, f64 math (scale,
-scores, softmax and accumulators in double) for f64, as the emulator computes it."""
+scores, softmax and accumulators in double) for f64, as the emulator computes it — the arithmetic
+of `codegen/attention.py`, shared with the C kernel, in the online-softmax warp-per-row template
+`templates/attention.cu` (why the loops differ: `codegen/attention.py`)."""
 
 from __future__ import annotations
 
 from kn_cuda_eval.codegen import exprs
+from kn_cuda_eval.codegen.attention import attention
 from kn_cuda_eval.cuda.kernels.launch import (
     BLOCK,
     KernelLaunch,
@@ -13,7 +16,6 @@ from kn_cuda_eval.cuda.kernels.launch import (
     needs_64bit,
 )
 from kn_cuda_eval.planning import steps as st
-from kn_graph.dtype import DType
 
 __all__ = ["MAX_FUSED_DV", "attention_launch"]
 
@@ -36,9 +38,9 @@ def attention_launch(s: st.Attention) -> KernelLaunch:
     p.idx("d", d)
     p.idx("dv", dv)
     dt = s.q.dtype
-    wide_math = dt is DType.F64
-    acc = "double" if wide_math else "float"
-    p.float_("scale", s.scale, 64 if wide_math else 32)
+    arith = attention(dt)
+    acc = arith.acc
+    p.float_("scale", s.scale, 64 if acc == "double" else 32)
     p.ptr("q", s.q)
     p.strides("sq", s.q.strides)
     p.ptr("k", s.k)
@@ -51,9 +53,10 @@ def attention_launch(s: st.Attention) -> KernelLaunch:
     if s.mask is not None:
         p.ptr("mask", s.mask)
         p.strides("sm", s.mask.strides)
-        mask = f"        s += {exprs.load(s.mask.dtype, 'mask[b1 * sm_0 + b2 * sm_1 + i * sm_2 + j * sm_3]')};"
+        ref = "mask[b1 * sm_0 + b2 * sm_1 + i * sm_2 + j * sm_3]"
+        mask = f"        s += {arith.mask(s.mask.dtype, ref)};"
     causal = (
-        "        if (j > i + (n - m)) break;  // keys are visited in order: the rest are masked too"
+        f"        if (j > {arith.causal_last}) break;  // keys are visited in order: the rest are masked too"
         if s.causal
         else ""
     )
@@ -62,13 +65,13 @@ def attention_launch(s: st.Attention) -> KernelLaunch:
         "DVL": max(1, (dv + 31) // 32),
         "T": exprs.storage_ctype(dt),
         "ACC": acc,
-        "EXP": "exp" if wide_math else "expf",
+        "EXP": arith.exp,
         "CAUSAL": causal,
         "MASK": mask,
         "LOADQ": f"({acc}){exprs.load(dt, 'qrow[e * sq_3]')}",
         "LOADK": f"({acc}){exprs.load(dt, 'krow[e * sk_3]')}",
         "LOADV": f"({acc}){exprs.load(dt, 'vrow[c * sv_3]')}",
-        "STORE": exprs.store(s.out.dtype, "acc[t] / l"),
+        "STORE": arith.output(s.out.dtype, "acc[t]", "l"),
     }
     kernel = make_kernel("attention", "attention", values, wide)
     return KernelLaunch(

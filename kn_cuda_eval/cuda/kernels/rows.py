@@ -1,12 +1,16 @@
 """Generators for the row kernels — softmax, layernorm and reductions: a group of threads per
 row (a warp, or the whole block for long rows), with the row's input computed by its fused
-prologue program wherever it is read."""
+prologue program wherever it is read. What each kernel computes is the device-neutral
+description of `codegen/rows.py`, which the C backend prints too; this module prints it into the
+warp/block-parallel template `templates/row.cu`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import assert_never
 
-from kn_cuda_eval.codegen import exprs
+from kn_cuda_eval.codegen import exprs, rows
 from kn_cuda_eval.codegen.printer import print_program
 from kn_cuda_eval.codegen.template import CodeWriter
 from kn_cuda_eval.cuda.kernels.launch import (
@@ -20,8 +24,8 @@ from kn_cuda_eval.cuda.kernels.launch import (
     offset_expr,
 )
 from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
-from kn_graph.ops import ReduceOp
 
 __all__ = ["layernorm_launch", "reduce_launch", "row_threads", "softmax_launch"]
 
@@ -115,123 +119,94 @@ def _out_ref(r: _Row, out: str, so: list[str], j: str | None) -> str:
     return f"{out}[{off}]"
 
 
-def _softmax_like(s: st.Softmax | st.Layernorm, kind: str) -> KernelLaunch:
-    x = s.x
-    n_outer = len(x.shape) - 1
-    wide = needs_64bit(_numel(x.shape), [*x.inputs, s.out])
+def _launch(x: st.Expr, out_view: StridedView, n_outer: int, k: rows.RowKernel) -> KernelLaunch:
+    """The row kernel `k` over the rows of x (its leading `n_outer` axes) into `out_view`."""
+    wide = needs_64bit(math.prod(x.shape), [*x.inputs, out_view])
     r = _Row(x, n_outer, wide)
-    out = r.p.ptr("out", s.out, const=False)
-    so = r.p.strides("so", s.out.strides)
-    acc = exprs.acc_ctype(x.dtype)
-    f = "" if acc == "double" else "f"
-    tpr = row_threads(r.ncols)
-    w = r.w
+    out = r.p.ptr("out", out_view, const=False)
+    so = r.p.strides("so", out_view.strides)
     r.outer_offsets()
-    if isinstance(s, st.Softmax):
-        w.line(f"{acc} mx = -KN_INF;")
-        r.loop(lambda w, j: w.line(f"mx = kn_fmax(mx, ({acc}){r.element(w, j, 'a')});"), "a")
-        w.line("mx = kn_group_reduce(mx, KnMax());")
-        w.line(
-            "if (!isfinite(mx)) mx = 0;  // as the reference: a row of -inf gives NaN, not a crash"
-        )
-        w.line(f"{acc} sum = 0;")
-        r.loop(lambda w, j: w.line(f"sum += exp{f}(({acc}){r.element(w, j, 'b')} - mx);"), "b")
-        w.line("sum = kn_group_reduce(sum, KnAdd());")
+    prefixes = iter("abcdefgh")
+    for step in k.steps:
+        match step:
+            case rows.Pass():
+                _fold(r, k.acc, step, next(prefixes))
+            case rows.Scalar():
+                r.w.line(k.scalar_line(step))
+            case _:
+                assert_never(step)
+    store = k.store
+    match store:
+        case rows.StoreEach():
+            prefix = next(prefixes)
 
-        def write_softmax(w: CodeWriter, j: str) -> None:
-            e = r.element(w, j, "c")
-            value = exprs.store(s.out.dtype, f"exp{f}(({acc}){e} - mx) / sum")
-            w.line(f"{_out_ref(r, out, so, j)} = {value};")
+            def write(w: CodeWriter, j: str) -> None:
+                v = store.value.print(w, k.acc, f"({k.acc}){r.element(w, j, prefix)}")
+                value = exprs.store(out_view.dtype, store.scaled(v))
+                w.line(f"{_out_ref(r, out, so, j)} = {value};")
 
-        r.loop(write_softmax, "c")
+            r.loop(write, prefix)
+        case rows.StoreRow():
+            last = k.last
+            result = f"ai == {_NO_INDEX} ? 0LL : ai" if last.fold.is_arg else last.acc
+            with r.w.block("if (active && lane == 0)"):
+                value = exprs.store(out_view.dtype, store.of(result))
+                r.w.line(f"{_out_ref(r, out, so, None)} = {value};")
+        case _:
+            assert_never(store)
+    return r.launch(k.kind, row_threads(r.ncols), wide)
+
+
+_COMBINE = {
+    rows.Fold.SUM: "KnAdd",
+    rows.Fold.PROD: "KnMul",
+    rows.Fold.MAX: "KnMax",
+    rows.Fold.MIN: "KnMin",
+}
+"""The group combine of each fold (`templates/row.cu`); the arg folds combine with `kn_group_arg`."""
+_NO_INDEX = "9223372036854775807LL"
+"""An arg pass's index before any element won (INT64_MAX: it loses every tie)."""
+
+
+def _fold(r: _Row, acc: str, p: rows.Pass, prefix: str) -> None:
+    """A pass: each lane folds its strided share of the row, then the group combines them
+    (`kn_group_reduce`, or `kn_group_arg` for an index), every thread of the group joining."""
+    w, a = r.w, p.acc
+    greater = "false" if p.fold.low else "true"
+    w.line(f"{acc} {a} = {p.identity};")
+    if p.fold.is_arg:
+        w.line(f"long long ai = {_NO_INDEX};")
+
+    def body(w: CodeWriter, j: str) -> None:
+        v = p.value.print(w, acc, f"({acc}){r.element(w, j, prefix)}")
+        match p.fold:
+            case rows.Fold.SUM:
+                w.line(f"{a} += {v};")
+            case rows.Fold.PROD:
+                w.line(f"{a} *= {v};")
+            case rows.Fold.MAX | rows.Fold.MIN:
+                w.line(f"{a} = kn_f{p.fold.value}({a}, {v});")
+            case rows.Fold.ARGMAX | rows.Fold.ARGMIN:
+                with w.block(f"if (kn_arg_better({v}, (long long){j}, {a}, ai, {greater}))"):
+                    w.line(f"{a} = {v}; ai = (long long){j};")
+            case _:
+                assert_never(p.fold)
+
+    r.loop(body, prefix)
+    if p.fold.is_arg:
+        w.line(f"kn_group_arg({a}, ai, {greater});")
     else:
-        eps = exprs.literal(s.eps, DType.F64 if acc == "double" else DType.F32)
-        w.line(f"{acc} sum = 0;")
-        r.loop(lambda w, j: w.line(f"sum += ({acc}){r.element(w, j, 'a')};"), "a")
-        w.line(f"const {acc} mean = kn_group_reduce(sum, KnAdd()) / ({acc})ncols;")
-        w.line(f"{acc} sq = 0;")
-
-        def var_body(w: CodeWriter, j: str) -> None:
-            w.line(f"const {acc} d = ({acc}){r.element(w, j, 'b')} - mean;")
-            w.line("sq += d * d;")
-
-        r.loop(var_body, "b")
-        w.line(f"const {acc} den = sqrt{f}(kn_group_reduce(sq, KnAdd()) / ({acc})ncols + {eps});")
-
-        def write_norm(w: CodeWriter, j: str) -> None:
-            e = r.element(w, j, "c")
-            value = exprs.store(s.out.dtype, f"(({acc}){e} - mean) / den")
-            w.line(f"{_out_ref(r, out, so, j)} = {value};")
-
-        r.loop(write_norm, "c")
-    return r.launch(kind, tpr, wide)
+        w.line(f"{a} = kn_group_reduce({a}, {_COMBINE[p.fold]}());")
 
 
 def softmax_launch(s: st.Softmax) -> KernelLaunch:
-    return _softmax_like(s, "softmax")
+    return _launch(s.x, s.out, len(s.x.shape) - 1, rows.softmax(s.x.dtype))
 
 
 def layernorm_launch(s: st.Layernorm) -> KernelLaunch:
-    return _softmax_like(s, "layernorm")
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-_IDENTITY = {ReduceOp.SUM: "0", ReduceOp.MEAN: "0", ReduceOp.PROD: "1"}
+    eps = exprs.literal(s.eps, DType.F64 if s.x.dtype is DType.F64 else DType.F32)
+    return _launch(s.x, s.out, len(s.x.shape) - 1, rows.layernorm(s.x.dtype, eps))
 
 
 def reduce_launch(s: st.Reduce) -> KernelLaunch:
-    x = s.x
-    n_outer = s.out.rank
-    wide = needs_64bit(_numel(x.shape), [*x.inputs, s.out])
-    r = _Row(x, n_outer, wide)
-    out = r.p.ptr("out", s.out, const=False)
-    so = r.p.strides("so", s.out.strides)
-    tpr = row_threads(r.ncols)
-    w = r.w
-    r.outer_offsets()
-    xdt = x.dtype
-    acc = exprs.acc_ctype(xdt) if xdt.is_float else exprs.compute_ctype(xdt)
-    if xdt is DType.BOOL or (xdt.is_int and xdt.size < 4):  # shuffles move 32 bits at least
-        acc = "int" if xdt.is_signed or xdt is DType.BOOL else "unsigned int"
-    dst = _out_ref(r, out, so, None)
-    match s.op:
-        case ReduceOp.SUM | ReduceOp.MEAN | ReduceOp.PROD:
-            fn = "KnMul" if s.op is ReduceOp.PROD else "KnAdd"
-            w.line(f"{acc} a = {_IDENTITY[s.op]};")
-            sym = "*" if s.op is ReduceOp.PROD else "+"
-            r.loop(lambda w, j: w.line(f"a = a {sym} ({acc}){r.element(w, j, 'a')};"), "a")
-            w.line(f"a = kn_group_reduce(a, {fn}());")
-            val = f"a / ({acc})ncols" if s.op is ReduceOp.MEAN else "a"
-            with w.block("if (active && lane == 0)"):
-                w.line(f"{dst} = {exprs.store(s.out.dtype, val)};")
-        case ReduceOp.MIN | ReduceOp.MAX:
-            hi = s.op is ReduceOp.MIN
-            init = exprs.extreme(xdt, acc, hi)
-            fn = "KnMin" if hi else "KnMax"
-            w.line(f"{acc} a = {init};")
-            r.loop(lambda w, j: w.line(f"a = {fn}()(a, ({acc}){r.element(w, j, 'a')});"), "a")
-            w.line(f"a = kn_group_reduce(a, {fn}());")
-            with w.block("if (active && lane == 0)"):
-                w.line(f"{dst} = {exprs.store(s.out.dtype, 'a')};")
-        case ReduceOp.ARGMIN | ReduceOp.ARGMAX:
-            greater = "true" if s.op is ReduceOp.ARGMAX else "false"
-            init = exprs.extreme(xdt, acc, s.op is ReduceOp.ARGMIN)
-            w.line(f"{acc} a = {init};")
-            w.line("long long ai = 9223372036854775807LL;")
-
-            def arg_body(w: CodeWriter, j: str) -> None:
-                e = r.element(w, j, "a")
-                with w.block(f"if (kn_arg_better(({acc}){e}, (long long){j}, a, ai, {greater}))"):
-                    w.line(f"a = ({acc}){e}; ai = (long long){j};")
-
-            r.loop(arg_body, "a")
-            w.line(f"kn_group_arg(a, ai, {greater});")
-            with w.block("if (active && lane == 0)"):
-                w.line(f"{dst} = ai == 9223372036854775807LL ? 0LL : ai;")
-    return r.launch("reduce", tpr, wide)
+    return _launch(s.x, s.out, s.out.rank, rows.reduce(s.op, s.x.dtype))

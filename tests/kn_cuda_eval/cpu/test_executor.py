@@ -481,8 +481,8 @@ def test_mapped_weights_are_copied_one_at_a_time_and_leave_memory(
 def test_reductions_down_columns_match_the_reference(op: str) -> None:
     """A reduction whose kept innermost axis is contiguous and whose reduced axes are not (a
     channels-last tensor averaged over H and W, a mean over the sequence axis of [B, S, D])
-    runs the column kernel (`csource._reduce_columns`): columns not a multiple of its width,
-    a batch of kept rows, a NaN for max and min."""
+    runs the column kernel (`csource.columns.reduce_columns_call`): columns not a multiple of
+    its width, a batch of kept rows, a NaN for max and min."""
     rng = np.random.default_rng(12)
     cases = [((1, 7, 9, 37), [0, 3, 1, 2], [2, 3]), ((3, 5, 4, 16), [0, 3, 1, 2], [2, 3])]
     cases.append(((2, 11, 50), [0, 2, 1], [2]))  # [B, S, D] -> mean over S
@@ -514,8 +514,8 @@ def test_reductions_down_columns_match_the_reference(op: str) -> None:
 def test_row_invariant_work_is_tabulated_once_per_inner_coordinate() -> None:
     """A scale whose transcendental part reads only a per-channel operand, walked over rows of
     channels (a channels-last output), computes that part once per channel into a per-thread
-    table (`csource._hoisted`) and still matches the reference; the step is walked in the
-    order its output is stored (`csource.memory_order`). At batch 2 the operand moves along
+    table (`csource.elementwise.hoisted`) and still matches the reference; the step is walked in
+    the order its output is stored (`csource.memory_order`). At batch 2 the operand moves along
     the outer (batch) axis: no table, same results."""
     from kn_cuda_eval.cpu import csource
 
