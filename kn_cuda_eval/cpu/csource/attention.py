@@ -12,7 +12,15 @@ from collections.abc import Sequence
 from kn_cuda_eval.codegen import exprs
 from kn_cuda_eval.codegen.attention import AttentionMath, attention
 from kn_cuda_eval.codegen.template import CodeWriter
-from kn_cuda_eval.cpu.csource.kernel import Args, CCall, call, offset_sum, parallel, term
+from kn_cuda_eval.cpu.csource.kernel import (
+    Args,
+    CCall,
+    call,
+    each_unit,
+    offset_sum,
+    parallel,
+    term,
+)
 from kn_cuda_eval.planning import steps as st
 
 __all__ = ["attention_call"]
@@ -120,11 +128,8 @@ def attention_call(s: st.Attention) -> CCall:
         w.line(f"{acc}* kt = ({acc}*)malloc(sizeof({acc}) * (size_t)((d + dv + 1) * n + 1));")
         w.line(f"{acc}* vt = kt + d * n;")
         w.line(f"{acc}* sc = vt + dv * n;")
-        w.line("long long lo, hi, cur = -1;")
-        with (
-            w.block("while (kn_next(kn_t, &lo, &hi))"),
-            w.block("for (long long row = lo; row < hi; ++row)"),
-        ):
+        w.line("long long cur = -1;")
+        with each_unit(w, "row"):
             w.line("const long long b = row / m, i = row % m, b1 = b / heads, b2 = b % heads;")
             t.transpose(w)
             t.scores(w)

@@ -13,6 +13,7 @@ from kn_cuda_eval.cpu.csource.kernel import (
     Args,
     CCall,
     call,
+    each_unit,
     offset_sum,
     parallel,
     program_weight,
@@ -132,11 +133,7 @@ def reduce_columns_call(s: st.Reduce) -> CCall:
         w.line(line)
 
     def region(w: CodeWriter) -> None:
-        w.line("long long lo, hi;")
-        with (
-            w.block("while (kn_next(kn_t, &lo, &hi))"),
-            w.block("for (long long u = lo; u < hi; ++u)"),
-        ):
+        with each_unit(w, "u"):
             c.bases(w)
             c.accumulate(w, k)
             c.store(w, k)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kn_cuda_eval.codegen import exprs
@@ -158,6 +159,18 @@ def parallel(
     region(r)
     w.line(f"kn_parallel(KN_REGION{len(a.regions)}, base, p, f, {units}, {work});")
     a.regions.append(r)
+
+
+@contextmanager
+def each_unit(w: CodeWriter, var: str) -> Iterator[None]:
+    """Inside a `parallel` region: the body runs for every unit `var` of every chunk [lo, hi)
+    the region is given."""
+    w.line("long long lo, hi;")
+    with (
+        w.block("while (kn_next(kn_t, &lo, &hi))"),
+        w.block(f"for (long long {var} = lo; {var} < hi; ++{var})"),
+    ):
+        yield
 
 
 def nest(

@@ -30,6 +30,7 @@ from kn_cuda_eval.cpu.csource.kernel import (
     Args,
     CCall,
     call,
+    each_unit,
     offset_sum,
     parallel,
     program_weight,
@@ -133,11 +134,7 @@ class _Rows:
             top.line(line)
 
         def region(w: CodeWriter) -> None:
-            w.line("long long lo, hi;")
-            with (
-                w.block("while (kn_next(kn_t, &lo, &hi))"),
-                w.block("for (long long row = lo; row < hi; ++row)"),
-            ):
+            with each_unit(w, "row"):
                 w.lines.extend(self.w.lines)
 
         parallel(top, self.a, shared, "rows", f"rows * ncols * {weight}", region)
