@@ -206,7 +206,8 @@ def _compute(
         case Conv(x, w, details):
             return _conv(get(x), get(w), details)
         case MatMul(a, b):
-            return np.matmul(get(a), get(b))
+            with np.errstate(over="ignore", invalid="ignore"):  # NaN/Inf flow, as in every op
+                return np.matmul(get(a), get(b))
         case Unary(x, op):
             return numpy_ops.unary(op, get(x), dt)
         case Binary(a, b, op):
