@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from kn_graph import numpy_ops
 from kn_graph.dtype import DType, float_to_int
 from kn_graph.errors import GraphError, UnsupportedOnnxError
 from kn_graph.graph import Graph
@@ -137,53 +138,42 @@ def _elem_mod(a: Elem, b: Elem, fmod: bool) -> Elem:
     return Size.of(a) % b  # only ever a provable 0 (Size.__mod__ raises otherwise)
 
 
-def _np_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C semantics for integers (truncation), like the IR's integer DIV."""
-    safe = np.where(b == 0, 1, b)
-    q = np.abs(a) // np.abs(safe)
-    q = np.where((a < 0) != (safe < 0), -q, q)
-    return np.where(b == 0, 0, q)
-
-
-def _np_mod(a: np.ndarray, b: np.ndarray, fmod: bool) -> np.ndarray:
-    safe = np.where(b == 0, 1, b)
-    return np.where(b == 0, 0, np.fmod(a, safe) if fmod else np.mod(a, safe))
-
-
 def _no_elem(*_: Elem) -> Elem:
     raise Undecidable
 
 
-_KNOWN_BINARY: dict[BinaryOp, tuple[Callable[..., np.ndarray], Callable[..., Elem]]] = {
-    BinaryOp.ADD: (np.add, operator.add),
-    BinaryOp.SUB: (np.subtract, operator.sub),
-    BinaryOp.MUL: (np.multiply, operator.mul),
-    BinaryOp.DIV: (_np_div, _elem_div),
-    BinaryOp.MOD: (lambda a, b: _np_mod(a, b, False), lambda a, b: _elem_mod(a, b, False)),
-    BinaryOp.FMOD: (lambda a, b: _np_mod(a, b, True), lambda a, b: _elem_mod(a, b, True)),
-    BinaryOp.MAX: (np.maximum, _elem_max),
-    BinaryOp.MIN: (np.minimum, _elem_min),
-    BinaryOp.EQ: (np.equal, lambda a, b: _elem_compare(BinaryOp.EQ, a, b)),
-    BinaryOp.LT: (np.less, lambda a, b: _elem_compare(BinaryOp.LT, a, b)),
-    BinaryOp.LE: (np.less_equal, lambda a, b: _elem_compare(BinaryOp.LE, a, b)),
-    BinaryOp.GT: (np.greater, lambda a, b: _elem_compare(BinaryOp.GT, a, b)),
-    BinaryOp.GE: (np.greater_equal, lambda a, b: _elem_compare(BinaryOp.GE, a, b)),
-    BinaryOp.AND: (np.logical_and, _no_elem),
-    BinaryOp.OR: (np.logical_or, _no_elem),
-    BinaryOp.XOR: (np.logical_xor, _no_elem),
-    BinaryOp.BIT_AND: (np.bitwise_and, _no_elem),
-    BinaryOp.BIT_OR: (np.bitwise_or, _no_elem),
-    BinaryOp.BIT_XOR: (np.bitwise_xor, _no_elem),
+_KNOWN_ELEM: dict[BinaryOp, Callable[..., Elem]] = {
+    BinaryOp.ADD: operator.add,
+    BinaryOp.SUB: operator.sub,
+    BinaryOp.MUL: operator.mul,
+    BinaryOp.DIV: _elem_div,
+    BinaryOp.MOD: lambda a, b: _elem_mod(a, b, False),
+    BinaryOp.FMOD: lambda a, b: _elem_mod(a, b, True),
+    BinaryOp.MAX: _elem_max,
+    BinaryOp.MIN: _elem_min,
+    BinaryOp.EQ: lambda a, b: _elem_compare(BinaryOp.EQ, a, b),
+    BinaryOp.LT: lambda a, b: _elem_compare(BinaryOp.LT, a, b),
+    BinaryOp.LE: lambda a, b: _elem_compare(BinaryOp.LE, a, b),
+    BinaryOp.GT: lambda a, b: _elem_compare(BinaryOp.GT, a, b),
+    BinaryOp.GE: lambda a, b: _elem_compare(BinaryOp.GE, a, b),
+    BinaryOp.AND: _no_elem,
+    BinaryOp.OR: _no_elem,
+    BinaryOp.XOR: _no_elem,
+    BinaryOp.BIT_AND: _no_elem,
+    BinaryOp.BIT_OR: _no_elem,
+    BinaryOp.BIT_XOR: _no_elem,
 }
+"""The ops decided at load time, per element when a size is symbolic; on plain data they are
+the IR's own NumPy semantics (`kn_graph.numpy_ops.BINARY`: C's integer division and remainder,
+0 for a zero divisor), so a value folded here equals the one the graph would compute."""
 
 
 def known_binary(op: BinaryOp, a: Known, b: Known) -> Known:
     """The load-time result of `a op b`; raises Undecidable/GraphError when it needs run time."""
-    if a.dtype != b.dtype or op not in _KNOWN_BINARY:
+    if a.dtype != b.dtype or op not in _KNOWN_ELEM:
         raise Undecidable
-    np_fn, elem_fn = _KNOWN_BINARY[op]
     out = DType.BOOL if op.is_comparison else a.dtype
-    return _known_map([a, b], np_fn, elem_fn, out)
+    return _known_map([a, b], numpy_ops.BINARY[op], _KNOWN_ELEM[op], out)
 
 
 # -- binary ops ------------------------------------------------------------------------------------

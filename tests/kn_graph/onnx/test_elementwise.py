@@ -60,6 +60,23 @@ def test_integer_div_and_mod_follow_c_and_python_signs() -> None:
     np.testing.assert_array_equal(f, np.fmod(a, b))
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int8])
+def test_integer_div_and_mod_of_int_min_folded_at_load_time(dtype: type) -> None:
+    """Constants are folded by the loader (`known_binary`) with the IR's own semantics: INT_MIN
+    as dividend or divisor truncates like C and onnxruntime (a copy of the loader's own once
+    took |INT_MIN|, which overflows: -128 // 3 gave 43, -24 // -128 gave -1)."""
+    lo = np.iinfo(dtype).min
+    a = np.array([lo, lo, -24, 100, lo, 7], dtype)
+    b = np.array([3, -3, lo, lo, 1, -2], dtype)
+    for op, attrs in [("Div", {}), ("Mod", {}), ("Mod", {"fmod": 1})]:
+        m = model(
+            [node(op, ["a", "b"], ["q"], **attrs), node("Add", ["q", "x"])],
+            {"x": np.zeros(6, dtype)},
+            inits={"a": a, "b": b},
+        )
+        check(m, {"x": np.zeros(6, dtype)})
+
+
 @pytest.mark.parametrize(
     "dtypes",
     [
