@@ -16,7 +16,8 @@ import pytest
 from kn_cuda_eval.cuda.device.api import D2D, D2H, H2D, CupyApi
 from kn_cuda_eval.cuda.device.cublas import PROTOTYPES, CublasLib, _loaded_paths
 from kn_graph.errors import CudaUnavailableError
-from tests.kn_cuda_eval.cuda.fake_device import FakeApi, FakeCublasC
+from tests.kn_cuda_eval.cuda.fake_cublas import FakeCublasC
+from tests.kn_cuda_eval.cuda.fake_device import FakeApi
 
 
 def _api() -> CupyApi:
