@@ -35,6 +35,7 @@ from kn_graph.onnx.context import (
 from kn_graph.onnx.dims import parse_size_expr, unnamed_dim
 from kn_graph.onnx.mapped import FileMaps
 from kn_graph.onnx.options import LoadOptions
+from kn_graph.onnx.order import topological_order
 from kn_graph.onnx.reading import tensor_to_array
 from kn_graph.onnx.sequences import STACKED
 from kn_graph.ops import Constant, Tensor, Value
@@ -187,7 +188,8 @@ class Loader:
         return self.graph
 
     def run_nodes(self, nodes: Iterable[onnx.NodeProto]) -> None:
-        for node in nodes:
+        """Import `nodes` in an order they can run in (`order.topological_order`)."""
+        for node in topological_order(list(nodes)):
             self.run_node(node)
             self.node_index += 1
 
