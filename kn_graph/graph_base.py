@@ -237,6 +237,20 @@ class GraphBase:
         self.add_guard(a, "==", b, what)
         return a
 
+    def assume_size(self, x: Value, axis: int, size: SizeLike, what: str) -> Value:
+        """`x` with axis `axis` labelled `size`, under the guard that the two are equal at every
+        binding (checked when symbols are bound, naming `what`): how a loader takes an axis
+        that is 1 only for the inputs a model is meant for (a Squeeze of `(samples+320)//512`).
+        GraphError when they can never be equal."""
+        info = self[x]
+        d, want = info.shape[axis], Size.of(size)
+        if d == want:
+            return x
+        self.add_guard(d, "==", want, what)
+        dims = list(info.shape.dims)
+        dims[axis] = want
+        return self._push(Shape(tuple(dims)), info.dtype, View(x))
+
     def _same(self, a: Size, b: Size, what: str) -> Size:
         """The size to use where `a` and `b` must be equal; GraphError when they cannot be."""
         if a == b:

@@ -229,9 +229,19 @@ def squeeze(ctx: NodeContext) -> Result:
         drop = {i for i, d in enumerate(shape) if d == Size(1)}
     else:
         drop = {axis_of(ctx, a, shape.rank) for a in axes}
-        for a in drop:
-            if shape[a] != Size(1):
+        for a in sorted(drop):
+            if shape[a].is_fixed and shape[a] != Size(1):
                 ctx.unsupported(f"axis {a} of shape {shape} is not of size 1")
+        out = Shape(tuple(d for i, d in enumerate(shape) if i not in drop))
+        symbolic = sorted(a for a in drop if not shape[a].is_fixed)
+        if symbolic and not isinstance(ctx.tensor_input(0), Known):
+            # 1 only for the inputs the model is meant for (a streaming chunk): assumed, and
+            # checked at every binding with an error naming the node and the size
+            x = ctx.input(0)
+            for a in symbolic:
+                what = f"Squeeze '{ctx.name}': axis {a} of the input ({shape[a]}) must be 1"
+                x = ctx.graph.assume_size(x, a, 1, what)
+            return ctx.graph.view(x, out)
     return _reshape_to(ctx, Shape(tuple(d for i, d in enumerate(shape) if i not in drop)))
 
 

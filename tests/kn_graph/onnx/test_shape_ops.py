@@ -12,7 +12,12 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from kn_graph.errors import ShapeMismatchError, StaticInputRequiredError, UnsupportedOnnxError
+from kn_graph.errors import (
+    InputMismatchError,
+    ShapeMismatchError,
+    StaticInputRequiredError,
+    UnsupportedOnnxError,
+)
 from kn_graph.graph import Graph
 from kn_graph.onnx import load_onnx
 from kn_graph.ops import Broadcast, View
@@ -447,3 +452,34 @@ def test_static_input_computed_from_a_graph_input_names_that_input() -> None:
     assert e.value.input_name == "t"
     g = load_onnx(m, input_values={"t": t})
     np.testing.assert_array_equal(evaluate(g, [X234])[0], X234.reshape(4, 6))
+
+
+def test_squeeze_of_an_axis_that_is_1_only_for_the_intended_inputs() -> None:
+    """A voice-activity detector's pattern (issue 21): Squeeze of an axis whose size is an
+    expression, `(samples+511)//512` here, that is 1 for the chunks the model is meant for. It
+    loads with a guard; at a binding where the axis is 1 it equals onnxruntime on every
+    executor, elsewhere it is our error naming the node, the size and the input axis."""
+    inits = [
+        numpy_helper.from_array(np.array(v, np.int64), n)
+        for n, v in [("st", [0]), ("en", [2**62]), ("ax", [2]), ("sp", [512]), ("sq", [2])]
+    ]
+    nodes = [
+        helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["s"]),
+        helper.make_node("Squeeze", ["s", "sq"], ["q"], name="chunk"),
+        helper.make_node("Relu", ["q"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, "samples"])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        initializer=inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    graph = load_onnx(m)
+    x = np.random.default_rng(0).standard_normal((1, 4, 300)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+    for device in (Device.cpu(reference=True), Device.cpu()):
+        np.testing.assert_array_equal(device.prepare(graph).eval([x])[0], want)
+    with pytest.raises(InputMismatchError, match=r"Squeeze 'chunk'.*samples=600"):
+        Device.cpu().prepare(graph).eval([np.zeros((1, 4, 600), np.float32)])
