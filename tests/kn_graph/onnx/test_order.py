@@ -12,7 +12,8 @@ from onnx import TensorProto, helper
 from kn_graph.errors import OnnxImportError
 from kn_graph.onnx import load_onnx
 from kn_graph.onnx.order import topological_order
-from tests.kn_graph.onnx.helpers import check, node
+from kn_runtime import Device
+from tests.kn_graph.onnx.helpers import check, node, reference
 
 
 def _model(nodes: list[onnx.NodeProto], elem: int = TensorProto.FLOAT) -> onnx.ModelProto:
@@ -37,7 +38,12 @@ def test_input_casts_appended_at_the_end_like_a_float16_converter() -> None:
         ),
     ]
     x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
+    x[0, 1] = np.nan
     check(_model(nodes), {"x": x}, rtol=1e-3, atol=1e-3)
+    m = _model(nodes)
+    want = reference(m, {"x": x})[0]
+    got = Device.cpu().prepare(load_onnx(m)).eval([x])[0]  # the product, NaN kept
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
 
 
 def test_a_subgraph_capture_orders_its_node_after_the_producer() -> None:
