@@ -1,0 +1,7 @@
+"""Models shipped inside npm packages."""
+
+from __future__ import annotations
+
+from spec import Spec
+
+SPECS: list[Spec] = []
