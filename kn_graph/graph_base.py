@@ -75,6 +75,9 @@ class GraphBase:
         self.equate: Equate | None = None
         """How two symbolic sizes that must be equal become one (the ONNX loader records a
         guard or unifies symbols); None: they must be identical, else GraphError."""
+        self.optimized = False
+        """Set on the graphs `kn_graph.optimizer.optimize` returns: `Device.prepare`, which
+        optimizes by default, leaves such a graph as it is instead of optimizing it twice."""
         self._runtime_symbols: tuple[int, frozenset[str]] = (-1, frozenset())
         self._fresh_names: set[str] = set()
         self._taken_names: set[str] = set()

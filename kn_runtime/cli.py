@@ -191,7 +191,9 @@ def _run(args: argparse.Namespace) -> int:
         lazy.append("data-dependent sizes")
     batch = bindings.get(BATCH) if BATCH in symbols and not lazy else None
     t0 = time.perf_counter()
-    prepared = device.prepare(graph, batch, settings=_settings(device, args))
+    prepared = device.prepare(
+        graph, batch, settings=_settings(device, args), optimize=not args.no_optimize
+    )
     t_prepare = time.perf_counter() - t0
     t0 = time.perf_counter()
     outputs = prepared.eval(inputs)

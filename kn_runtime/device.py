@@ -86,6 +86,7 @@ class Device:
         *,
         settings: Any = None,
         max_bindings: int | None = None,
+        optimize: bool | None = None,
     ) -> PreparedGraph:
         """Bind a graph to this device. With `batch_size=None` symbols are inferred per call.
         `graph` may also be what `load_onnx` takes (a path, bytes, an `onnx.ModelProto`) or a
@@ -96,17 +97,26 @@ class Device:
         image size; least recently used first out; None: `kn_runtime.prepared.DEFAULT_MAX_BINDINGS`,
         8), and as many prepared graphs of a `ValueSpecializedModel`, one per distinct value; on
         the CPU backend the executors of a graph share one arena that grows to the largest
-        binding seen, with the weights packed once."""
+        binding seen, with the weights packed once.
+        `optimize`: rewrite the graph with `kn_graph.optimizer.optimize` first, as onnxruntime's
+        session does (None, the default: on the fast CPU backend and on CUDA, not on the
+        reference executor, which is the oracle and runs a graph as given; a graph that
+        `optimize` returned is never optimized twice). `optimize=False` runs the graph as
+        loaded."""
         max_bindings = _checked_max_bindings(max_bindings)
         batch_size = _checked_batch_size(batch_size)
         from kn_graph.onnx import ValueSpecializedModel
 
         graph = _as_graph(graph)
+        if _checked_flag(optimize, "optimize", self.kind == "cuda" or self.fast):
+            graph = _optimized(graph)
         source: Graph | ValueSpecializing = graph
         if isinstance(graph, ValueSpecializedModel):
 
-            def prepare(g: Graph) -> PreparedGraph:
-                return self.prepare(g, batch_size, settings=settings, max_bindings=max_bindings)
+            def prepare(g: Graph) -> PreparedGraph:  # each graph optimized as it is made, or not
+                return self.prepare(
+                    g, batch_size, settings=settings, max_bindings=max_bindings, optimize=False
+                )
 
             source = ValueSpecializing(graph, prepare, max_bindings)
         return PreparedGraph(source, self, batch_size, self._backend(settings), max_bindings)
@@ -123,6 +133,24 @@ class Device:
         if self.kind == "cpu":
             return "cpu (plan on the host)" if self.fast else "cpu (reference executor)"
         return f"cuda:{self.index}"
+
+
+def _checked_flag(value: bool | None, name: str, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ArgumentTypeError(f"prepare: {name} must be True, False or None, found {value!r}")
+    return value
+
+
+def _optimized(graph: Graph | ValueSpecializedModel) -> Graph | ValueSpecializedModel:
+    """`graph` through the optimizer unless it has been already (a Graph that `optimize`
+    returned; a ValueSpecializedModel that optimizes the graphs it makes)."""
+    from kn_graph.optimizer import optimize
+
+    if isinstance(graph, Graph):
+        return graph if graph.optimized else optimize(graph)
+    return graph if graph.optimizations else optimize(graph)
 
 
 def _checked_max_bindings(max_bindings: int | None) -> int:

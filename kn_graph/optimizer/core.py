@@ -293,4 +293,5 @@ def optimize(graph: Graph | M, settings: OptimizerSettings | None = None) -> Gra
         g = new
         if done:
             break
+    g.optimized = True
     return g

@@ -36,7 +36,7 @@ def test_the_cache_keeps_max_bindings_executors_and_close_frees_them() -> None:
     p = Device.cpu(threads=1).prepare(g, max_bindings=2)
     for b in (1, 2, 3, 2):
         np.testing.assert_array_equal(p.eval([_x(b)])[0], np.maximum(2 * _x(b), 0))
-    assert p.cache.keys(g.id) == [(("B", 3),), (("B", 2),)] and p.cache.built == 3
+    assert p.cache.keys(p.graph.id) == [(("B", 3),), (("B", 2),)] and p.cache.built == 3
     assert set(p.memory()) == {"arena", "packed", "workspace", "executors"}
     assert p.memory()["executors"] == 2 and p.memory()["arena"] > 0
     p.close()
@@ -79,3 +79,56 @@ def test_a_value_specialized_model_keeps_max_bindings_graphs() -> None:
     assert len(p._specializing.prepared()) == 2  # type: ignore[union-attr]
     with pytest.raises(KnError, match="one graph per value"):
         _ = p.graph
+    assert all(q.graph.optimized for q in p._specializing.prepared())  # type: ignore[union-attr]
+
+
+def _conv_bn() -> bytes:
+    """Conv then BatchNormalization, as every CNN export has them: the optimizer folds the
+    normalization into the convolution's weights."""
+    rng = np.random.default_rng(0)
+    inits = [
+        helper.make_tensor(n, TensorProto.FLOAT, a.shape, a.ravel())
+        for n, a in (
+            ("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32)),
+            ("scale", rng.uniform(0.5, 2, 4).astype(np.float32)),
+            ("bias", rng.standard_normal(4).astype(np.float32)),
+            ("mean", rng.standard_normal(4).astype(np.float32)),
+            ("var", rng.uniform(0.5, 2, 4).astype(np.float32)),
+        )
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_prepare_optimizes_by_default_as_an_onnxruntime_session_does() -> None:
+    import onnxruntime as ort
+
+    from kn_graph.optimizer import optimize
+
+    model = _conv_bn()
+    x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    (want,) = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    g = load_onnx(model)
+    assert isinstance(g, Graph)
+    fast = Device.cpu(threads=1).prepare(g)
+    assert fast.graph.optimized and fast.graph is not g and len(fast.graph) < len(g)
+    as_loaded = Device.cpu(threads=1).prepare(g, optimize=False)
+    assert as_loaded.graph is g and not g.optimized
+    assert Device.cpu(reference=True).prepare(g).graph is g  # the oracle runs what it is given
+    assert Device.cpu(reference=True).prepare(g, optimize=True).graph.optimized
+    done = optimize(g)
+    assert Device.cpu(threads=1).prepare(done).graph is done  # never optimized twice
+    for p in (fast, as_loaded):
+        np.testing.assert_allclose(p.eval([x])[0], want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(KnError, match="optimize must be True, False or None"):
+        Device.cpu().prepare(g, optimize="yes")  # type: ignore[arg-type]

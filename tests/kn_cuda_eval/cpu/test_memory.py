@@ -85,7 +85,7 @@ def test_the_executor_cache_is_bounded_and_rebuilds_what_it_evicted() -> None:
         _check(p, g, _feed(hw, s), f"h=w={hw}, s={s}")
         assert p.memory()["executors"] <= 2
     assert p.cache.built >= 4
-    keys = p.cache.keys(g.id)
+    keys = p.cache.keys(p.graph.id)
     assert keys[-1] == (("h", 8), ("s", 5), ("w", 8))  # most recently used last
 
 
@@ -129,7 +129,7 @@ def test_the_arena_is_a_private_mapping() -> None:
     _check(p, g, _feed(8, 5), "one binding")
     (ex,) = p.cache.values()
     assert "sh" not in _vm_flags(ex.arena.ctypes.data)  # type: ignore[attr-defined]
-    ws = p.backend.shared(g).workspace  # type: ignore[attr-defined]
+    ws = p.backend.shared(p.graph).workspace  # type: ignore[attr-defined]
     if ws is not None and ws.mapped:
         assert "sh" not in _vm_flags(ws._block[1].ctypes.data)
 
@@ -187,5 +187,5 @@ def test_alternating_bindings_of_an_export_share_the_arena_and_stay_right() -> N
         _check(p, g, feed, f"seq={s}")
     executors = p.cache.values()
     assert len({ex.arena.ctypes.data for ex in executors}) == 1  # type: ignore[attr-defined]
-    arena = p.backend.shared(g).arena  # type: ignore[attr-defined]
+    arena = p.backend.shared(p.graph).arena  # type: ignore[attr-defined]
     assert all(ex._home is arena for ex in executors)  # type: ignore[attr-defined]

@@ -105,7 +105,7 @@ def test_cuda_prepared_graphs_keep_one_executor_per_binding(fake: FakeApi) -> No
         want = Device.cpu().prepare(g).eval([x])[0]
         got = prepared.eval([x])[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    assert sorted(prepared.cache.keys(g.id)) == [(("B", 1),), (("B", 3),)]
+    assert sorted(prepared.cache.keys(prepared.graph.id)) == [(("B", 1),), (("B", 3),)]
     prof = prepared.profile({"x": np.ones((3, 4), np.float32)})
     assert [r.kind for r in prof.rows] == ["matmul", "softmax"]
     with pytest.raises(InputMismatchError, match="expected dtype f32"):
@@ -121,7 +121,7 @@ def test_cuda_prepared_graphs_keep_at_most_max_bindings_executors(fake: FakeApi)
         want = Device.cpu(reference=True).prepare(g).eval([x])[0]
         np.testing.assert_allclose(prepared.eval([x])[0], want, rtol=1e-5, atol=1e-6)
         made.append(prepared.executor({"B": b}).executor)  # type: ignore[attr-defined]
-    assert prepared.cache.keys(g.id) == [(("B", 3),), (("B", 1),)]
+    assert prepared.cache.keys(prepared.graph.id) == [(("B", 3),), (("B", 1),)]
     assert made[3] is not made[0]  # B=1 was evicted (and closed) by B=3, then made again
     assert not made[0]._open and made[3]._open
 
@@ -129,7 +129,7 @@ def test_cuda_prepared_graphs_keep_at_most_max_bindings_executors(fake: FakeApi)
 def test_a_fixed_batch_builds_the_executor_at_once(fake: FakeApi) -> None:
     g = _batched()
     prepared = Device("cuda", 0).prepare(g, batch_size=2)
-    assert prepared.cache.keys(g.id) == [(("B", 2),)]
+    assert prepared.cache.keys(prepared.graph.id) == [(("B", 2),)]
     out = prepared.eval([np.ones((2, 4), np.float32)], return_device=True)[0]
     assert out.shape == (1, 2, 5) and np.allclose(out.get().sum(axis=2), 1)
 
@@ -139,7 +139,7 @@ def test_a_static_graph_builds_its_executor_at_once(fake: FakeApi) -> None:
     g = Graph()
     g.add_output(g.relu(g.input(Shape.of(2, 4), DType.F32, "x")), "y")
     prepared = Device("cuda", 0).prepare(g)
-    assert prepared.cache.keys(g.id) == [()]
+    assert prepared.cache.keys(prepared.graph.id) == [()]
     np.testing.assert_array_equal(prepared.eval([np.ones((2, 4), np.float32)])[0], 1)
 
 
