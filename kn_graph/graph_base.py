@@ -254,6 +254,11 @@ class GraphBase:
         dims[axis] = want
         return self._push(Shape(tuple(dims)), info.dtype, View(x))
 
+    def same_size(self, a: Size, b: Size, what: str) -> Size:
+        """The size to use where an op needs `a` and `b` equal: a loader unifies them or records
+        a guard (`equate`); GraphError when they can never be equal."""
+        return self._same(a, b, what)
+
     def _same(self, a: Size, b: Size, what: str) -> Size:
         """The size to use where `a` and `b` must be equal; GraphError when they cannot be."""
         if a == b:

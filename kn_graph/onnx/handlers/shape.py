@@ -313,10 +313,16 @@ def _split_sizes(ctx: NodeContext, dim: Size, n_out: int) -> list[Size]:
             ctx.unsupported(f"num_outputs {n} but the node has {n_out} outputs")
         if dim.is_fixed:
             chunk = -(-dim.as_int() // n)
-            sizes = [min(chunk, max(dim.as_int() - i * chunk, 0)) for i in range(n)]
-            if sizes[-1] == 0:
-                ctx.unsupported(f"axis size {dim} cannot be split into {n} non-empty chunks")
-            return [Size(s) for s in sizes]
+            # as onnxruntime: 4 into 3 is 2, 2 and an empty chunk
+            return [Size(min(chunk, max(dim.as_int() - i * chunk, 0))) for i in range(n)]
+        if Size(n).divides(dim):
+            return [dim // n] * n
+        # chunks of ceil(dim / n), the last one smaller (possibly empty); a size for which an
+        # earlier chunk would be short too (1 into 3) is refused at binding by the guard
+        chunk = (dim + (n - 1)) // n
+        last = dim - chunk * (n - 1)
+        ctx.graph.add_guard(last, ">=", 0, f"split of axis size {dim} into {n} chunks")
+        return [chunk] * (n - 1) + [last]
     if not Size(n_out).divides(dim):
         ctx.graph.add_guard(
             dim % n_out, "==", 0, f"split of axis size {dim} into {n_out} equal parts"

@@ -238,11 +238,14 @@ def gather_elements(ctx: NodeContext) -> Result:
     axis = axis_of(ctx, ctx.attr_int("axis", 0), shape.rank)
     if idx_shape.rank != shape.rank:
         ctx.unsupported(f"indices rank {idx_shape.rank} differs from data rank {shape.rank}")
-    for i, (n, d) in enumerate(zip(idx_shape, shape, strict=True)):
-        fits = n == d or (n.is_fixed and d.is_fixed and n.as_int() <= d.as_int())
-        if i != axis and not fits:
-            ctx.unsupported(f"indices {idx_shape} do not fit in data {shape} on axis {i}")
     g = ctx.graph
+    for i, (n, d) in enumerate(zip(idx_shape, shape, strict=True)):
+        if i == axis or n == d:
+            continue
+        if n.is_fixed and d.is_fixed and n.as_int() > d.as_int():
+            ctx.unsupported(f"indices {idx_shape} do not fit in data {shape} on axis {i}")
+        # symbolic: decided per binding, as onnxruntime decides it per run
+        g.add_guard(d, ">=", n, f"indices {idx_shape} fit in data {shape} on axis {i}")
     x = g.view(ctx.input(0), Shape.of(shape.size()))
     idx = _static_indices(ctx, 1)
     if idx is not None and shape.is_fixed:
@@ -263,9 +266,11 @@ def gather_nd(ctx: NodeContext) -> Result:
     if idx_shape.rank < 1 or not 0 <= b < min(shape.rank, idx_shape.rank):
         ctx.unsupported(f"batch_dims {b} invalid for data {shape} and indices {idx_shape}")
     k = idx_shape[-1].as_int("the index depth")
-    if b + k == 0 or b + k > shape.rank or Shape(shape.dims[:b]) != Shape(idx_shape.dims[:b]):
+    if b + k == 0 or b + k > shape.rank:
         ctx.unsupported(f"indices {idx_shape} do not address data {shape} with batch_dims {b}")
     g = ctx.graph
+    for i in range(b):  # the batch axes of data and indices are one axis
+        g.same_size(shape[i], idx_shape[i], f"GatherND batch axis {i} of data and indices")
     lead = Shape(shape.dims[: b + k])
     rest = Shape(shape.dims[b + k :])
     rows = g.view(ctx.input(0), Shape.of(lead.size()) + rest)
