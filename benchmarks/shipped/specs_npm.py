@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 from feeds import Fill, audio, const, feeds
-from spec import Spec
+from spec import Feeds, Spec
 
 
 def gaussian(mean: float, std: float) -> Fill:
@@ -68,14 +68,14 @@ def pcm16(shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator) -> 
 # 32 + 256 at 8 kHz: the previous chunk's tail is prepended), state [2, 1, 128], sr.
 
 
-def _silero_legacy(samples: int) -> object:
+def _silero_legacy(samples: int) -> Feeds:
     return feeds(
         shapes={"input": (1, samples), "h": (2, 1, 64), "c": (2, 1, 64)},
         by_name={"input": audio, "sr": const(16000), "h": const(0.0), "c": const(0.0)},
     )
 
 
-def _silero(samples: int, rate: int) -> object:
+def _silero(samples: int, rate: int) -> Feeds:
     return feeds(
         shapes={"input": (1, samples), "state": (2, 1, 128)},
         by_name={"input": audio, "sr": const(rate), "state": const(0.0)},
