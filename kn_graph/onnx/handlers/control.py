@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from kn_graph.dtype import DType
+from kn_graph.errors import StaticInputRequiredError
 from kn_graph.graph import Graph
 from kn_graph.onnx.context import Known, NodeContext, Result, Seq, onnx_dtype, onnx_op
 from kn_graph.onnx.handlers.dynamic import results
@@ -30,6 +31,10 @@ MAX_UNROLL_STEPS = 64
 """Loops and scans of at most this many steps (known at load time) are unrolled..."""
 MAX_UNROLL_NODES = 4096
 """...when steps * body nodes stays within this; longer ones run as a Dynamic op."""
+MAX_SETTING_ELEMENTS = 16
+"""An If whose branches give different ranks is specialized on the value of the input its
+condition comes from only when that input is setting-like: integer or bool, at most this many
+elements (Silero VAD's sample rate); never on data."""
 
 
 # -- If -------------------------------------------------------------------------------------------
@@ -46,6 +51,27 @@ def _known_condition(ctx: NodeContext, i: int) -> bool | None:
     if k.is_symbolic:
         return None  # a condition on sizes: decided per binding, like data
     return bool(k.data.reshape(-1)[0])
+
+
+def _condition_by_value(ctx: NodeContext, why: str) -> bool:
+    """The condition's value when branches cannot share one graph (`why`): a constant, or a
+    setting-like graph input (an integer or bool of a few elements: a sample rate, a mode) it
+    is computed from, on whose value the model is then specialized (StaticInputRequiredError
+    reaches `load_onnx`). A condition on data would mean one graph per input: refused."""
+    try:
+        return bool(ctx.input_static(0, f"the condition ({why})").reshape(-1)[0])
+    except StaticInputRequiredError as e:
+        g = ctx.graph
+        source = next((g[v] for v in g.inputs if g[v].debug_name == e.input_name), None)
+        setting = (
+            source is not None
+            and not source.dtype.is_float
+            and source.shape.is_fixed
+            and source.shape.size().as_int() <= MAX_SETTING_ELEMENTS
+        )
+        if not setting:
+            ctx.unsupported(f"{why}, and the condition is computed from data ('{e.input_name}')")
+        raise
 
 
 def _free(d: Size, local: set[str]) -> bool:
@@ -81,8 +107,11 @@ def if_(ctx: NodeContext) -> list[Result]:
             ctx.unsupported(
                 f"output {j}: the branches give {then_g[a].dtype} and {else_g[b].dtype}"
             )
-        if sa.rank != sb.rank:
-            ctx.unsupported(f"output {j}: the branches give ranks {sa.rank} and {sb.rank}")
+        if sa.rank != sb.rank:  # no one graph holds both: the condition's value picks one
+            taken = _condition_by_value(
+                ctx, f"output {j}: the branches give ranks {sa.rank} and {sb.rank}"
+            )
+            return ctx.loader.inline_graph(then_branch if taken else else_branch, ctx)
         dims = [
             x if x == y and _free(x, local) else g.fresh_symbol("if")
             for x, y in zip(sa.dims, sb.dims, strict=True)
