@@ -11,9 +11,11 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from kn_graph.errors import ShapeMismatchError
 from kn_graph.graph import Graph
 from kn_graph.onnx import load_onnx
 from kn_graph.onnx.handlers import rnn
+from kn_graph.onnx.specialized import ValueSpecializedModel
 from kn_graph.ops import Dynamic
 from kn_graph.reference import evaluate
 from kn_runtime import Device
@@ -162,3 +164,89 @@ def test_reverse_sequence_with_data_lengths(
         {"x": rand(*shape), "l": np.array([2, 5, 6, 4], np.int64)},
     ]
     check_feeds(model, feeds)
+
+
+# -- LSTM inside an If branch (silero VAD) ----------------------------------------------------------
+def _node_graph(
+    name: str, nodes: list[onnx.NodeProto], out: str, **inits: np.ndarray
+) -> onnx.GraphProto:
+    init = [numpy_helper.from_array(a, n) for n, a in inits.items()]
+    return helper.make_graph(nodes, name, [], [onnx.ValueInfoProto(name=out)], initializer=init)
+
+
+def _lstm_branch(name: str, squeezed: bool) -> onnx.GraphProto:
+    """A branch running an LSTM (weights of its own) and returning Y_h [1, B, H]. `squeezed`
+    (silero VAD v5's decoder): X is Unsqueeze(If(seq == 1, Squeeze(x, 0), x), 0), of rank 3 only
+    when seq is 1."""
+    nodes = []
+    x = "x"
+    if squeezed:
+        nodes = [
+            helper.make_node("Shape", ["x"], [f"{name}_s"], start=0, end=1),
+            helper.make_node("Equal", [f"{name}_s", "one"], [f"{name}_c1"]),
+            helper.make_node("Squeeze", [f"{name}_c1"], [f"{name}_c"]),
+            helper.make_node(
+                "If",
+                [f"{name}_c"],
+                [f"{name}_x"],
+                then_branch=_node_graph(
+                    "sq", [helper.make_node("Squeeze", ["x", "zero"], ["sq_x"])], "sq_x"
+                ),
+                else_branch=_node_graph(
+                    "id", [helper.make_node("Identity", ["x"], ["id_x"])], "id_x"
+                ),
+            ),
+            helper.make_node("Unsqueeze", [f"{name}_x", "zero"], [f"{name}_x3"]),
+        ]
+        x = f"{name}_x3"
+    ws = {"w": rand(1, 4 * H, IN) * 0.5, "r": rand(1, 4 * H, H) * 0.5, "b": rand(1, 8 * H) * 0.5}
+    inits = {f"{name}_{k}": a for k, a in ws.items()}
+    nodes.append(
+        helper.make_node("LSTM", [x, *inits], ["", f"{name}_h"], hidden_size=H, name=f"{name}_lstm")
+    )
+    consts = {"one": np.array([1], np.int64), "zero": np.array([0], np.int64)}
+    return _node_graph(name, nodes, f"{name}_h", **inits, **(consts if squeezed else {}))
+
+
+def _if_model(squeezed_else: bool) -> onnx.ModelProto:
+    """y = If(flag, LSTM(x), LSTM'(x or its squeezed form)) over x [seq, B, IN]; flag is data."""
+    node = helper.make_node(
+        "If",
+        ["flag"],
+        ["y"],
+        then_branch=_lstm_branch("then", False),
+        else_branch=_lstm_branch("else", squeezed_else),
+    )
+    ins = [
+        helper.make_tensor_value_info("x", F32, ["seq", B, IN]),
+        helper.make_tensor_value_info("flag", onnx.TensorProto.BOOL, []),
+    ]
+    graph = helper.make_graph([node], "g", ins, [onnx.ValueInfoProto(name="y")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_lstm_over_a_symbolic_length_inside_an_if_branch() -> None:
+    """Silero VAD v4: an LSTM over (samples+448)//512 steps in a branch of a data If."""
+    feeds = [
+        {"x": rand(n, B, IN), "flag": np.array(f)} for n, f in ((1, True), (4, False), (6, True))
+    ]
+    check_feeds(_if_model(False), feeds)
+
+
+def test_a_branch_that_cannot_run_for_these_shapes_fails_only_when_taken() -> None:
+    """Silero VAD v5 (its 'rank 3 expected, found [1,1,1,128,2]'): the decoder squeezes the time
+    axis when it is 1, a condition on sizes whose branches differ in rank, so the model is
+    loaded per input shape; for seq > 1 the else branch gives its LSTM a rank-4 X. onnxruntime
+    runs only the taken branch; so do we, and taking the bad one raises, naming the node."""
+    model = _if_model(True)
+    loaded = load_onnx(model)
+    assert isinstance(loaded, ValueSpecializedModel)
+    good = [(3, True), (1, False), (1, True)]
+    for device in (Device.cpu(reference=True), Device.cpu()):
+        prepared = device.prepare(loaded)
+        for n, flag in good:
+            feed = {"x": rand(n, B, IN), "flag": np.array(flag)}
+            assert_close(prepared.eval(feed), onnxruntime(model, feed), 1e-4, 1e-5)
+        bad = {"x": rand(3, B, IN), "flag": np.array(False)}
+        with pytest.raises(ShapeMismatchError, match=r"else branch cannot run.*else_lstm.*rank 3"):
+            prepared.eval(bad)
