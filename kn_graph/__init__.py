@@ -14,6 +14,7 @@ from kn_graph.errors import (
     ShapeMismatchError,
     StaticInputRequiredError,
     SymbolicSizeError,
+    UnknownOperatorError,
     UnsupportedOnnxError,
 )
 from kn_graph.graph import Graph, ValueInfo
@@ -39,6 +40,7 @@ __all__ = [
     "StaticInputRequiredError",
     "SymbolicSizeError",
     "UnaryOp",
+    "UnknownOperatorError",
     "UnsupportedOnnxError",
     "Value",
     "ValueInfo",

@@ -20,6 +20,7 @@ __all__ = [
     "ShapeMismatchError",
     "StaticInputRequiredError",
     "SymbolicSizeError",
+    "UnknownOperatorError",
     "UnsupportedOnnxError",
 ]
 
@@ -101,6 +102,11 @@ class KernelCompileError(KnError):
 
 class CudaUnavailableError(KnError):
     """CUDA was asked for but no working device, driver or library was found."""
+
+
+class UnknownOperatorError(UnsupportedOnnxError):
+    """An operator (or domain) Kyanite has no handler for. A model holding one fails at load,
+    even inside an If branch that may never run, as onnxruntime fails at session creation."""
 
 
 class SymbolicSizeError(UnsupportedOnnxError):

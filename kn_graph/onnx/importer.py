@@ -19,6 +19,7 @@ from kn_graph.errors import (
     OnnxImportError,
     StaticInputRequiredError,
     SymbolicSizeError,
+    UnknownOperatorError,
     UnsupportedOnnxError,
 )
 from kn_graph.graph import Graph
@@ -449,10 +450,12 @@ class Loader:
         domain = node.domain or "ai.onnx"
         ctx = NodeContext(self, node, self.opsets.get(domain, 0))
         if domain != "ai.onnx":
-            ctx.unsupported(f"domain '{node.domain}' is not supported")
+            raise UnknownOperatorError(
+                ctx.name, ctx.op_type, f"domain '{node.domain}' is not supported"
+            )
         handler = HANDLERS.get(node.op_type)
         if handler is None:
-            ctx.unsupported("operator not supported")
+            raise UnknownOperatorError(ctx.name, ctx.op_type, "operator not supported")
         self.graph.where = f"node '{ctx.name}' ({ctx.op_type})"
         try:
             out = handler(ctx)

@@ -20,12 +20,17 @@ import numpy as np
 import onnx
 
 from kn_graph.dtype import DType
-from kn_graph.errors import StaticInputRequiredError
+from kn_graph.errors import (
+    StaticInputRequiredError,
+    SymbolicSizeError,
+    UnknownOperatorError,
+    UnsupportedOnnxError,
+)
 from kn_graph.graph import Graph
 from kn_graph.onnx.context import Known, NodeContext, Result, Seq, onnx_dtype, onnx_op
 from kn_graph.onnx.handlers.dynamic import results
-from kn_graph.ops import Value
-from kn_graph.shape import Shape, Size
+from kn_graph.ops import Input, Value
+from kn_graph.shape import Guard, Shape, Size
 
 MAX_UNROLL_STEPS = 64
 """Loops and scans of at most this many steps (known at load time) are unrolled..."""
@@ -97,16 +102,27 @@ def if_(ctx: NodeContext) -> list[Result]:
     cond = ctx.input(0)
     if g[cond].shape.size() != Size(1):
         ctx.unsupported(f"the condition must have one element, found {g[cond].shape}")
-    then_g, then_caps = ctx.loader.subgraph(then_branch, [], ctx)
-    else_g, else_caps = ctx.loader.subgraph(else_branch, [], ctx)
+    on_sizes = not _reads_inputs(g, cond)
+    loaded = [_load_branch(ctx, b) for b in (then_branch, else_branch)]
+    if isinstance(loaded[0], UnsupportedOnnxError) and isinstance(loaded[1], UnsupportedOnnxError):
+        raise loaded[0]
+    failed = [isinstance(b, UnsupportedOnnxError) for b in loaded]
+    good = next(b for b in loaded if not isinstance(b, UnsupportedOnnxError))
+    (then_g, then_caps), (else_g, else_caps) = (
+        (_failing_branch(g, good[0], b, label), []) if isinstance(b, UnsupportedOnnxError) else b
+        for b, label in zip(loaded, ("then", "else"), strict=True)
+    )
     local = set(then_g.runtime_symbols | else_g.runtime_symbols)
     shapes, dtypes = [], []
     for j, (a, b) in enumerate(zip(then_g.outputs, else_g.outputs, strict=True)):
         sa, sb = then_g[a].shape, else_g[b].shape
+        sa, sb = (sb if failed[0] else sa), (sa if failed[1] else sb)  # the one that loaded
         if then_g[a].dtype != else_g[b].dtype:
             ctx.unsupported(
                 f"output {j}: the branches give {then_g[a].dtype} and {else_g[b].dtype}"
             )
+        if sa.rank != sb.rank and on_sizes:  # one branch per binding: specialize on shapes
+            ctx.needs_fixed_sizes(f"output {j}: the branches give ranks {sa.rank} and {sb.rank}")
         if sa.rank != sb.rank:  # no one graph holds both: the condition's value picks one
             taken = _condition_by_value(
                 ctx, f"output {j}: the branches give ranks {sa.rank} and {sb.rank}"
@@ -126,6 +142,51 @@ def if_(ctx: NodeContext) -> list[Result]:
         dtypes,
     )
     return results(ctx, outs)
+
+
+def _reads_inputs(g: Graph, v: Value) -> bool:
+    """Whether `v` is computed from the data of an input of `g` (a condition on sizes alone,
+    Equal(Shape(x)[2], 1), reads none: the IR computes sizes from the symbols)."""
+    stack, seen = [v], {v}
+    while stack:
+        op = g[stack.pop()].op
+        if isinstance(op, Input):
+            return True
+        for u in op.inputs:
+            if u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return False
+
+
+def _load_branch(
+    ctx: NodeContext, sub: onnx.GraphProto
+) -> tuple[Graph, list[Value]] | UnsupportedOnnxError:
+    """A branch of a data-conditioned If as a graph (and its captures), or why it cannot be
+    loaded for these shapes. What a specialization could fix (fixed sizes, known input values)
+    is raised, so that the loader specializes; so is an operator we have no handler for (the
+    model fails at load, as in onnxruntime, whichever branch runs)."""
+    try:
+        return ctx.loader.subgraph(sub, [], ctx)
+    except (SymbolicSizeError, StaticInputRequiredError, UnknownOperatorError):
+        raise
+    except UnsupportedOnnxError as e:
+        return e
+
+
+def _failing_branch(g: Graph, like: Graph, error: UnsupportedOnnxError, label: str) -> Graph:
+    """A branch that cannot be built for these input shapes (silero VAD v5's 8 kHz branch fed
+    16 kHz frames: its LSTM would get a rank-5 input) as a graph that fails when it runs, as in
+    onnxruntime, which only ever runs the taken branch: a guard that no binding satisfies,
+    naming the error, and outputs shaped like the other branch's (never computed)."""
+    body = Graph()
+    body.share_fresh_names(g)
+    what = f"the {label} branch cannot run for these input shapes ({error})"
+    body.guards.append(Guard(Size(0), "==", Size(1), g.where, what))
+    for v in like.outputs:
+        dims = [d if d.is_fixed else Size(0) for d in like[v].shape.dims]
+        body.add_output(body.full(0, Shape(tuple(dims)), like[v].dtype))
+    return body
 
 
 # -- shared by Loop and Scan ------------------------------------------------------------------------

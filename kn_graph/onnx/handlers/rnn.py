@@ -1,25 +1,23 @@
-"""Recurrent layers: RNN, GRU and LSTM, unrolled over their (fixed) sequence length.
+"""Recurrent layers: RNN, GRU and LSTM.
 
 The input projection of every time step is one matmul; each step then adds the recurrent
-projection and applies the cell. Both layouts, the three directions, initial states, peepholes,
-clipping, custom activations and (forward) per-batch sequence lengths are supported.
+projection and applies the cell (`rnn_cells`). A fixed, short sequence is unrolled; a symbolic
+or long one runs as a scan over one cell step (`rnn_steps`). Both layouts, the three
+directions, initial states, peepholes, clipping, custom activations and per-batch sequence
+lengths (constants or data, in every direction) are supported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from kn_graph.dtype import DType
 from kn_graph.onnx.context import MAX_UNROLL, NodeContext, Result, onnx_op
-from kn_graph.onnx.handlers.rnn_cells import (
-    Activation,
-    gru_cell,
-    lstm_cell,
-    read_activations,
-    rnn_cell,
-)
+from kn_graph.onnx.handlers.reverse_prefix import reverse_prefixes
+from kn_graph.onnx.handlers.rnn_cells import Cell, read_activations
+from kn_graph.onnx.handlers.rnn_steps import Run, run_scanned, run_unrolled
 from kn_graph.ops import BinaryOp, Value
 from kn_graph.shape import Shape, Size
 
@@ -31,10 +29,10 @@ _DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid"
 
 @dataclass(frozen=True, slots=True)
 class Layer:
-    """The node's geometry: T steps of a batch B, hidden size H, D directions."""
+    """The node's geometry: T steps (maybe symbolic) of a batch B, hidden size H, D directions."""
 
     kind: str
-    steps: int
+    steps: Size
     batch: Size
     hidden: int
     directions: int
@@ -44,15 +42,12 @@ class Layer:
 
 @dataclass(frozen=True, slots=True)
 class Direction:
-    """One direction's weights (already split per direction) and initial states."""
+    """One direction's input projection, step function and initial states."""
 
     xw: Value  # [T, B, G·H]: input projection plus its bias, every step at once
-    r: Value  # [G·H, H]
-    rb: Value | None  # [G·H]
+    cell: Cell
     h0: Value  # [B, H]
     c0: Value | None  # [B, H] (LSTM)
-    p: Value | None  # [3H] (LSTM peepholes)
-    acts: list[Activation]
     reverse: bool
 
 
@@ -73,15 +68,8 @@ def _layer(ctx: NodeContext, x: Value) -> Layer:
     if hidden < 1:
         ctx.unsupported(f"hidden_size {hidden}")
     clip = ctx.attr_float("clip", 0.0) if ctx.has_attr("clip") else None
-    return Layer(
-        ctx.op_type,
-        t.as_int("sequence length"),
-        b,
-        hidden,
-        2 if direction == "bidirectional" else 1,
-        layout,
-        clip,
-    )
+    directions = 2 if direction == "bidirectional" else 1
+    return Layer(ctx.op_type, t, b, hidden, directions, layout, clip)
 
 
 def _batch_major(ctx: NodeContext, v: Value, layer: Layer) -> Value:
@@ -95,9 +83,29 @@ def _pick(ctx: NodeContext, v: Value, d: int) -> Value:
     return g.squeeze(g.slice_raw(v, 0, d, 1, 1), [0])
 
 
-def _directions(ctx: NodeContext, x: Value, layer: Layer) -> list[Direction]:
+def _state(ctx: NodeContext, layer: Layer, i: int, name: str) -> Value | None:
+    """Optional input i (initial_h / initial_c) in the layer's state shape. A size that can only
+    be checked per binding (the batch of X given one name, of the state another) is assumed
+    equal under a guard; sizes that can never match are refused."""
+    if not ctx.has_input(i):
+        return None
     g = ctx.graph
-    gates = _GATES[layer.kind] * layer.hidden
+    v = ctx.input(i)
+    want = Shape.of(layer.directions, layer.batch, layer.hidden)
+    if layer.layout == 1:
+        want = Shape.of(layer.batch, layer.directions, layer.hidden)
+    shape = g.shape(v)
+    if shape.rank != 3 or any(
+        a != b and a.is_fixed and b.is_fixed for a, b in zip(shape, want, strict=True)
+    ):
+        ctx.unsupported(f"{name} {shape}, expected {want}")
+    for axis, size in enumerate(want):
+        v = g.assume_size(v, axis, size, f"{name} axis {axis}")
+    return v
+
+
+def _check_weights(ctx: NodeContext, layer: Layer, gates: int) -> tuple[Value, Value]:
+    g = ctx.graph
     w, r = ctx.input(1), ctx.input(2)
     if g[w].rank != 3 or g[r].rank != 3:
         ctx.unsupported(f"W and R must be 3-D, found {g.shape(w)} and {g.shape(r)}")
@@ -109,23 +117,26 @@ def _directions(ctx: NodeContext, x: Value, layer: Layer) -> list[Direction]:
         ctx.unsupported(
             f"W {g.shape(w)} / R {g.shape(r)} do not fit {layer.directions} direction(s) of {gates} gates"
         )
+    return w, r
+
+
+def _directions(ctx: NodeContext, x: Value, layer: Layer) -> list[Direction]:
+    g = ctx.graph
+    gates = _GATES[layer.kind] * layer.hidden
+    w, r = _check_weights(ctx, layer, gates)
     xt = x if layer.layout == 0 else g.permute(x, [1, 0, 2])  # [T, B, I]
     b = ctx.optional_input(3)
-    h0 = ctx.optional_input(5)
-    c0 = ctx.optional_input(6) if layer.kind == "LSTM" else None
+    h0 = _state(ctx, layer, 5, "initial_h")
+    c0 = _state(ctx, layer, 6, "initial_c") if layer.kind == "LSTM" else None
     p = ctx.optional_input(7) if layer.kind == "LSTM" else None
-    state = Shape.of(layer.directions, layer.batch, layer.hidden)
-    if layer.layout == 1:
-        state = Shape.of(layer.batch, layer.directions, layer.hidden)
-    for name, v in (("initial_h", h0), ("initial_c", c0)):
-        if v is not None and g.shape(v) != state:
-            ctx.unsupported(f"{name} {g.shape(v)}, expected {state}")
     if p is not None and g.shape(p) != Shape.of(layer.directions, 3 * layer.hidden):
         ctx.unsupported(f"P {g.shape(p)}, expected [{layer.directions}, {3 * layer.hidden}]")
     zeros = g.full(0.0, Shape.of(layer.batch, layer.hidden), g.dtype(x))
     acts = read_activations(ctx, _DEFAULT_ACTS[layer.kind], layer.directions)
     per = len(_DEFAULT_ACTS[layer.kind])
     reverse = ctx.attr_str("direction", "forward") == "reverse"
+    lbr = ctx.attr_bool("linear_before_reset", False) if layer.kind == "GRU" else False
+    coupled = ctx.attr_bool("input_forget", False) if layer.kind == "LSTM" else False
     out = []
     for d in range(layer.directions):
         xw = g.matmul_nd(xt, g.transpose(_pick(ctx, w, d)))
@@ -134,70 +145,64 @@ def _directions(ctx: NodeContext, x: Value, layer: Layer) -> list[Direction]:
             bd = _pick(ctx, b, d)
             xw = g.add(xw, g.slice(bd, 0, 0, gates))
             rb = g.slice(bd, 0, gates, 2 * gates)
-        out.append(
-            Direction(
-                xw,
-                _pick(ctx, r, d),
-                rb,
-                zeros if h0 is None else _pick(ctx, _batch_major(ctx, h0, layer), d),
-                None
-                if layer.kind != "LSTM"
-                else zeros
-                if c0 is None
-                else _pick(ctx, _batch_major(ctx, c0, layer), d),
-                None if p is None else _pick(ctx, p, d),
-                acts[d * per : (d + 1) * per],
-                reverse or d == 1,
-            )
+        cell = Cell(
+            layer.kind,
+            _pick(ctx, r, d),
+            rb,
+            None if p is None else _pick(ctx, p, d),
+            acts[d * per : (d + 1) * per],
+            layer.clip,
+            lbr,
+            coupled,
         )
+
+        def initial(v: Value | None, d: int = d) -> Value:
+            return zeros if v is None else _pick(ctx, _batch_major(ctx, v, layer), d)
+
+        c0_d = initial(c0) if layer.kind == "LSTM" else None
+        out.append(Direction(xw, cell, initial(h0), c0_d, reverse or d == 1))
     return out
 
 
-def _step_mask(
-    ctx: NodeContext, layer: Layer, dirs: list[Direction]
-) -> Callable[[int], Value | None]:
-    """For per-batch sequence lengths: the batch rows still running at step t ([B, 1] bool)."""
-    g = ctx.graph
+def _lengths(ctx: NodeContext, layer: Layer) -> Value | None:
+    """sequence_lens as i64 [B], or None when absent or known to be the whole sequence."""
     if not ctx.has_input(4):
-        return lambda t: None
-    lens = ctx.input(4)
-    known = g.const_value(lens)
-    if known is not None and np.all(known == layer.steps):
-        return lambda t: None
-    if any(d.reverse for d in dirs):
-        ctx.unsupported("sequence_lens shorter than the sequence with a reverse direction")
-    col = g.view(lens, Shape.of(layer.batch, 1))
-    return lambda t: g.binary(BinaryOp.GT, col, t)
-
-
-def _run(
-    ctx: NodeContext, layer: Layer, d: Direction, mask: Callable[[int], Value | None]
-) -> tuple[list[Value], Value, Value | None]:
-    """All hidden states in time order, the last hidden state and (LSTM) the last cell state."""
+        return None
     g = ctx.graph
-    h, c = d.h0, d.c0
-    outs: list[Value | None] = [None] * layer.steps
-    order = range(layer.steps - 1, -1, -1) if d.reverse else range(layer.steps)
-    for t in order:
-        xw = g.squeeze(g.slice_raw(d.xw, 0, t, 1, 1), [0])
-        match layer.kind:
-            case "RNN":
-                h_new, c_new = rnn_cell(g, xw, h, d.r, d.rb, d.acts, layer.clip), None
-            case "GRU":
-                lbr = ctx.attr_bool("linear_before_reset", False)
-                h_new, c_new = gru_cell(g, xw, h, d.r, d.rb, d.acts, layer.clip, lbr), None
-            case _:
-                assert c is not None
-                coupled = ctx.attr_bool("input_forget", False)
-                h_new, c_new = lstm_cell(g, xw, h, c, d.r, d.rb, d.p, d.acts, layer.clip, coupled)
-        running = mask(t)
-        if running is None:
-            outs[t], h, c = h_new, h_new, c_new
-        else:
-            outs[t] = g.select(running, h_new, 0.0)
-            h = g.select(running, h_new, h)
-            c = None if c_new is None or c is None else g.select(running, c_new, c)
-    return [o for o in outs if o is not None], h, c
+    lens = ctx.input(4)
+    if g[lens].rank != 1 or not g.dtype(lens).is_int:
+        ctx.unsupported(f"sequence_lens must be a 1-D integer tensor, found {g.shape(lens)}")
+    g.guard_equal(g.shape(lens)[0], layer.batch, "sequence_lens")
+    known = g.const_value(lens)
+    steps = layer.steps.fixed_value()
+    if known is not None and steps is not None:
+        if np.any((known < 1) | (known > steps)):
+            ctx.unsupported(f"sequence_lens {known.tolist()} out of range [1, {steps}]")
+        if np.all(known == steps):
+            return None
+    return g.view(g.cast(lens, DType.I64), Shape.of(layer.batch))
+
+
+def _run(ctx: NodeContext, layer: Layer, d: Direction, lens: Value | None) -> Run:
+    """One direction. With sequence lengths, a reverse direction runs forward over each row's
+    valid prefix reversed (one Gather before and one after), so that every run is masked the
+    same way: step t runs for the rows whose length exceeds t."""
+    g = ctx.graph
+    xw, reverse, running = d.xw, d.reverse, None
+    if lens is not None:
+        plane = Shape.of(layer.steps, layer.batch, 1)
+        col = g.view(lens, Shape.of(1, layer.batch, 1))
+        running = g.binary(BinaryOp.LT, g.iota(plane, 0), col)  # [T, B, 1]
+        if reverse:
+            xw, reverse = reverse_prefixes(g, xw, lens, 0, 1), False
+    steps = layer.steps.fixed_value()
+    if steps is not None and 1 <= steps <= MAX_UNROLL:
+        y, h, c = run_unrolled(g, d.cell, steps, xw, d.h0, d.c0, running, reverse)
+    else:
+        y, h, c = run_scanned(g, d.cell, xw, d.h0, d.c0, running, reverse)
+    if lens is not None and d.reverse:
+        y = reverse_prefixes(g, y, lens, 0, 1)
+    return y, h, c
 
 
 @onnx_op("RNN", "GRU", "LSTM")
@@ -207,14 +212,12 @@ def recurrent(ctx: NodeContext) -> list[Result | None]:
     if not g.dtype(x).is_float:
         ctx.unsupported(f"expected a float input, found {g.dtype(x)}")
     layer = _layer(ctx, x)
-    if not 1 <= layer.steps <= MAX_UNROLL:
-        ctx.unsupported(f"a sequence of {layer.steps} steps (supported: 1 to {MAX_UNROLL})")
     dirs = _directions(ctx, x, layer)
-    mask = _step_mask(ctx, layer, dirs)
+    lens = _lengths(ctx, layer)
     ys, hs, cs = [], [], []
     for d in dirs:
-        seq, h, c = _run(ctx, layer, d, mask)
-        ys.append(g.concat([g.unsqueeze(s, [0]) for s in seq], 0))  # [T, B, H]
+        y, h, c = _run(ctx, layer, d, lens)
+        ys.append(y)
         hs.append(h)
         cs.append(c)
     y = g.concat([g.unsqueeze(v, [1]) for v in ys], 1)  # [T, D, B, H]

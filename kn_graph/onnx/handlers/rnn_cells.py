@@ -4,13 +4,13 @@ built from graph ops. Gate layouts follow the ONNX spec: GRU z, r, h; LSTM i, o,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kn_graph.graph import Graph
 from kn_graph.onnx.context import NodeContext
 from kn_graph.ops import BinaryOp, UnaryOp, Value
 
-__all__ = ["Activation", "gru_cell", "lstm_cell", "read_activations", "rnn_cell"]
+__all__ = ["Activation", "Cell", "gru_cell", "lstm_cell", "read_activations", "rnn_cell"]
 
 _ALPHA = {
     "Affine": 1.0,
@@ -169,3 +169,40 @@ def lstm_cell(
     c_new = g.add(g.mul(forget, c), g.mul(i, cand))
     o = f(g, _clip(g, peep(_part(g, gates, 1, n), po, c_new), clip))
     return g.mul(o, act_h(g, c_new)), c_new
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One direction's step function: the kind, its recurrent weights and options. The weights
+    are values of the graph the step is built in (the node's graph when unrolled, a scan body's
+    graph otherwise: `with_weights` moves them)."""
+
+    kind: str  # RNN, GRU or LSTM
+    r: Value  # [G·H, H]
+    rb: Value | None  # [G·H]
+    p: Value | None  # [3H] (LSTM peepholes)
+    acts: list[Activation]
+    clip: float | None
+    linear_before_reset: bool  # GRU
+    input_forget: bool  # LSTM
+
+    def with_weights(self, r: Value, rb: Value | None, p: Value | None) -> Cell:
+        return replace(self, r=r, rb=rb, p=p)
+
+    def __call__(
+        self, g: Graph, xw: Value, h: Value, c: Value | None
+    ) -> tuple[Value, Value | None]:
+        """The next hidden state and (LSTM) cell state from one step's input projection."""
+        match self.kind:
+            case "RNN":
+                return rnn_cell(g, xw, h, self.r, self.rb, self.acts, self.clip), None
+            case "GRU":
+                lbr = self.linear_before_reset
+                return gru_cell(g, xw, h, self.r, self.rb, self.acts, self.clip, lbr), None
+            case "LSTM":
+                assert c is not None  # _directions gives every LSTM direction a cell state
+                return lstm_cell(
+                    g, xw, h, c, self.r, self.rb, self.p, self.acts, self.clip, self.input_forget
+                )
+            case _:
+                raise AssertionError(self.kind)

@@ -16,6 +16,7 @@ import numpy as np
 from kn_graph.dtype import DType
 from kn_graph.onnx.context import Known, NodeContext, Result, onnx_dtype, onnx_op
 from kn_graph.onnx.handlers.dynamic import nonzero_indices
+from kn_graph.onnx.handlers.reverse_prefix import reverse_prefixes
 from kn_graph.onnx.handlers.shape import axis_of, known_take, scalar_operand, static_ints
 from kn_graph.ops import BinaryOp, Value
 from kn_graph.shape import Shape, Size
@@ -316,23 +317,24 @@ def compress(ctx: NodeContext) -> Result:
 
 @onnx_op("ReverseSequence")
 def reverse_sequence(ctx: NodeContext) -> Result:
+    """One Gather with iota-computed rows (`reverse_prefixes`): the lengths may be data."""
     shape = ctx.input_shape(0)
     batch_axis = axis_of(ctx, ctx.attr_int("batch_axis", 1), shape.rank)
     time_axis = axis_of(ctx, ctx.attr_int("time_axis", 0), shape.rank)
-    lens = static_ints(ctx, 1, "sequence_lens")
-    steps = shape[time_axis].as_int("the time axis size")
-    if batch_axis == time_axis or Size(len(lens)) != shape[batch_axis]:
-        ctx.unsupported(f"sequence_lens {lens} do not match batch axis {batch_axis} of {shape}")
-    if any(not 0 <= n <= steps for n in lens):
-        ctx.unsupported(f"sequence_lens {lens} out of range [0, {steps}]")
+    if batch_axis == time_axis or batch_axis > 1 or time_axis > 1:
+        ctx.unsupported(f"batch_axis {batch_axis} and time_axis {time_axis}: expected 0 and 1")
     g = ctx.graph
-    x = ctx.input(0)
-    parts = []
-    for b, n in enumerate(lens):
-        perm = np.concatenate([np.arange(n - 1, -1, -1), np.arange(n, steps)]).astype(np.int64)
-        row = g.slice_raw(x, batch_axis, b, 1, 1)
-        parts.append(g.gather(row, time_axis, g.constant(perm)))
-    return g.concat(parts, batch_axis)
+    lens = ctx.input(1)
+    if g[lens].rank != 1 or not g.dtype(lens).is_int:
+        ctx.unsupported(
+            f"sequence_lens must be a 1-D integer tensor, found {g.dtype(lens)}{g.shape(lens)}"
+        )
+    g.guard_equal(g.shape(lens)[0], shape[batch_axis], "ReverseSequence: sequence_lens")
+    known = g.const_value(lens)
+    steps = shape[time_axis].fixed_value()
+    if known is not None and steps is not None and np.any((known < 0) | (known > steps)):
+        ctx.unsupported(f"sequence_lens {known.tolist()} out of range [0, {steps}]")
+    return reverse_prefixes(g, ctx.input(0), lens, time_axis, batch_axis)
 
 
 # -- padding and cropping ---------------------------------------------------------------------------

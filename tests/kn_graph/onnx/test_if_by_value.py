@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from kn_graph.errors import UnsupportedOnnxError
+from kn_graph.errors import UnknownOperatorError, UnsupportedOnnxError
 from kn_graph.onnx import ValueSpecializedModel, load_onnx
 from kn_runtime import Device
 
@@ -80,4 +80,18 @@ def test_branches_of_different_ranks_on_a_data_condition_are_refused_clearly() -
     m.graph.node.insert(0, helper.make_node("ReduceSum", ["x"], ["x0"], keepdims=0))
     m.graph.initializer.append(helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]))
     with pytest.raises(UnsupportedOnnxError, match=r"'rate' \(If\).*ranks 2 and 3"):
+        load_onnx(m)
+
+
+def test_an_operator_we_lack_in_a_branch_that_may_never_run_still_fails_the_load() -> None:
+    """A branch that cannot be built for these shapes fails only when taken (as onnxruntime
+    runs only the taken branch); an operator without a handler fails the load wherever it is,
+    as onnxruntime fails at session creation."""
+    m = _model()
+    m.graph.node[0].CopyFrom(helper.make_node("Greater", ["x0", "zero"], ["c"]))
+    m.graph.node.insert(0, helper.make_node("ReduceSum", ["x"], ["x0"], keepdims=0))
+    m.graph.initializer.append(helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]))
+    branch = next(a.g for a in m.graph.node[2].attribute if a.name == "else_branch")
+    branch.node[0].op_type = "NoSuchOp"
+    with pytest.raises(UnknownOperatorError, match="NoSuchOp"):
         load_onnx(m)

@@ -72,16 +72,18 @@ def test_forward_sequence_lengths_freeze_states_and_zero_outputs(op: str) -> Non
     )
 
 
-def test_reverse_with_short_sequences_is_refused() -> None:
+@pytest.mark.parametrize("lens", [[5, 2, 1], [4, 0, 1]])
+def test_sequence_lengths_out_of_range_are_refused(lens: list[int]) -> None:
+    """Known lengths must lie in [1, T] (onnxruntime refuses the others when it runs)."""
     model = node_model(
         "GRU",
         {"x": rand(T, B, IN)},
         {"hidden_size": H, "direction": "reverse"},
-        inits={**weights("GRU", 1), "lens": np.array([4, 2, 1], np.int32)},
+        inits={**weights("GRU", 1), "lens": np.array(lens, np.int32)},
         order=["x", "w", "r", "b", "lens"],
         outputs=("y",),
     )
-    with pytest.raises(UnsupportedOnnxError, match="sequence_lens"):
+    with pytest.raises(UnsupportedOnnxError, match=r"sequence_lens .* out of range \[1, 4\]"):
         load_onnx(model)
 
 
