@@ -44,14 +44,13 @@ def _model(
 
 
 def _body_kinds(graph: Graph) -> set[str]:
-    """The Dynamic kinds inside the graph's Loop bodies."""
+    """The Dynamic kinds inside the graph's subgraphs (Loop and Scan bodies, If branches)."""
     kinds: set[str] = set()
     for v in graph.values():
         op = graph[v].op
-        if isinstance(op, Dynamic) and op.kind == "loop":
-            body = op.params[0]
-            assert isinstance(body, Graph)
-            kinds |= {body[b].op.kind for b in body.values() if isinstance(body[b].op, Dynamic)}
+        if isinstance(op, Dynamic):
+            for body in (p for p in op.params if isinstance(p, Graph)):
+                kinds |= {b.op.kind for b in body.value_infos() if isinstance(b.op, Dynamic)}
     return kinds
 
 
@@ -366,3 +365,82 @@ def test_a_bad_size_from_data_is_our_error_naming_the_node(case: str) -> None:
         evaluate(loaded, feed)
     with pytest.raises(EvaluationError, match=message):
         Device.cpu().prepare(loaded).eval(feed)
+
+
+# -- Scan and If bodies, Trilu's k ------------------------------------------------------------------
+def test_a_scan_body_sums_a_range_to_each_scanned_element() -> None:
+    """Scan over n: per element t, sum(Range(0, t)) (a run-time size per step)."""
+    body = helper.make_graph(
+        [
+            node("Range", ["zero", "t", "one"], ["r"], name="rng"),
+            node("ReduceSum", ["r"], ["s"], keepdims=0),
+            node("Add", ["acc", "s"], ["acc_out"]),
+            node("Identity", ["s"], ["y"]),
+        ],
+        "body",
+        [vi("acc", I64, []), vi("t", I64, [])],
+        [vi("acc_out", I64, []), vi("y", I64, [])],
+        initializer=[_const("zero", 0), _const("one", 1)],
+    )
+    scan = node("Scan", ["a0", "n"], ["acc", "ys"], body=body, num_scan_inputs=1)
+    m = _model([scan], [vi("a0", I64, []), vi("n", I64, ["len"])], ["acc", "ys"])
+    assert "range" in _body_kinds(load_onnx(m))  # type: ignore[arg-type]
+    feeds = [{"a0": np.array(0), "n": np.array(n)} for n in ([3, 0, 5, 1], [7, 2])]
+    check_everywhere(m, feeds)
+
+
+def test_an_if_branch_sized_by_data() -> None:
+    """If on data: the then branch is ConstantOfShape([n]) and Tile(x, [n]), the else branch
+    Expand(x, [n, 1])'s row sums; the branches' sizes differ and come from the input n."""
+    then_b = helper.make_graph(
+        [
+            node("Unsqueeze", ["n", "ax0"], ["n1"]),
+            node("Tile", ["x", "n1"], ["t"], name="tile"),
+            node("ConstantOfShape", ["n1"], ["ones"], value=helper.make_tensor("v", F32, [1], [1])),
+            node("Concat", ["t", "ones"], ["out"], axis=0),
+        ],
+        "then",
+        [],
+        [onnx.ValueInfoProto(name="out")],
+    )
+    else_b = helper.make_graph(
+        [
+            node("Unsqueeze", ["n", "ax0"], ["n1"]),
+            node("Concat", ["n1", "one1"], ["shape"], axis=0),
+            node("Unsqueeze", ["x", "ax0"], ["xr"]),
+            node("Expand", ["xr", "shape"], ["e"], name="expand"),
+            node("ReduceSum", ["e", "ax1"], ["out"], keepdims=0),
+        ],
+        "else",
+        [],
+        [onnx.ValueInfoProto(name="out")],
+    )
+    nodes = [
+        node("Greater", ["n", "three"], ["c"]),
+        node("If", ["c"], ["y"], then_branch=then_b, else_branch=else_b),
+    ]
+    inits = [_const("ax0", [0]), _const("ax1", [1]), _const("one1", [1]), _const("three", 3)]
+    m = _model(nodes, [vi("n", I64, []), vi("x", F32, ["k"])], ["y"], inits)
+    assert {"tile", "constant_of_shape", "expand"} <= _body_kinds(load_onnx(m))  # type: ignore[arg-type]
+    x = RNG.standard_normal(4).astype(np.float32)
+    outs = check_everywhere(m, [{"n": np.array(5), "x": x}, {"n": np.array(2), "x": x}])
+    assert [o[0].shape for o in outs] == [(25,), (2,)]
+
+
+def test_trilu_with_k_from_data_loads_once() -> None:
+    """Trilu's k does not decide sizes: from a model input or a Loop's iteration number it is
+    compared at run time, without a load per value."""
+    loop_body = helper.make_graph(
+        [node("Trilu", ["x", "i"], ["y"], upper=1), node("Identity", ["c_in"], ["c_out"])],
+        "body",
+        [vi("i", I64, []), vi("c_in", BOOL, [])],
+        [vi("c_out", BOOL, []), onnx.ValueInfoProto(name="y")],
+    )
+    nodes = [
+        node("Trilu", ["x", "k"], ["low"], upper=0),
+        node("Loop", ["M", ""], ["ups"], body=loop_body),
+    ]
+    m = _model(nodes, [vi("x", F32, [3, 4]), vi("k", I64, []), vi("M", I64, [])], ["low", "ups"])
+    assert isinstance(load_onnx(m), Graph)
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    check_everywhere(m, [{"x": x, "k": np.array(k), "M": np.array(5)} for k in (-1, 0, 2, -7)])
