@@ -29,8 +29,8 @@ __all__ = [
     "dynamic_tile",
 ]
 
-_MAX_DEPTH = 16
-"""How far `_elements` looks back through views, casts and concats of a shape tensor."""
+_MAX_LOOKS = 64
+"""How many values `_elements` looks at behind one shape tensor."""
 
 
 def at_run_time(ctx: NodeContext, *indices: int) -> bool:
@@ -55,28 +55,38 @@ def _where(ctx: NodeContext) -> str:
     return f"{ctx.op_type} '{ctx.name}'"
 
 
-def _elements(g: Graph, v: Value, depth: int = 0) -> list[Size | None]:
-    """The elements of a small integer tensor as far as the graph tells them (None: data)."""
-    info = g[v]
-    n = info.shape.size().as_int()
-    unknown: list[Size | None] = [None] * n
-    if depth > _MAX_DEPTH or not info.dtype.is_int:
-        return unknown
-    same = g.scalar_value(v)
-    if same is not None:
-        return [Size(int(same))] * n
-    match info.op:
-        case Constant(t):
-            return [Size(int(x)) for x in t.array.reshape(-1)]
-        case View(x) | Unary(x, UnaryOp.CAST) if g[x].dtype.is_int:
-            return _elements(g, x, depth + 1)
-        case Concat(xs, 0) if info.rank == 1:
-            return [e for x in xs for e in _elements(g, x, depth + 1)]
-        case Reduce(x, (0,), ReduceOp.SUM) if isinstance(g[x].op, Broadcast) and g[x].rank == 1:
-            # `Graph.size_value` of a symbol: the sum of a broadcast one
-            return [g[x].shape[0]] if g.scalar_value(x) == 1 else unknown
-        case _:
-            return unknown
+def _elements(g: Graph, v: Value) -> list[Size | None]:
+    """The elements of a small integer tensor as far as the graph tells them (None: data),
+    looking back through views, casts and concats (an explicit stack, at most `_MAX_LOOKS`
+    values) to constants and sizes."""
+    out: list[Size | None] = []
+    stack, looks = [v], 0
+    while stack:
+        x = stack.pop()
+        info = g[x]
+        n = info.shape.size().as_int()
+        looks += 1
+        same = g.scalar_value(x) if info.dtype.is_int else None
+        match info.op:
+            case _ if same is not None:
+                out += [Size(int(same))] * n
+            case _ if looks > _MAX_LOOKS or not info.dtype.is_int:
+                out += [None] * n
+            case Constant(t):
+                out += [Size(int(e)) for e in t.array.reshape(-1)]
+            case View(y) | Unary(y, UnaryOp.CAST) if g[y].dtype.is_int:
+                stack.append(y)
+            case Concat(xs, 0) if info.rank == 1:
+                stack += reversed(xs)  # the first part is taken next
+            case Reduce(y, (0,), ReduceOp.SUM) if _ones(g, y):
+                out.append(g[y].shape[0])  # `Graph.size_value` of a symbol: a sum of ones
+            case _:
+                out += [None] * n
+    return out
+
+
+def _ones(g: Graph, v: Value) -> bool:
+    return isinstance(g[v].op, Broadcast) and g[v].rank == 1 and g.scalar_value(v) == 1
 
 
 def _shape_input(ctx: NodeContext, i: int, what: str) -> tuple[Value, list[Size | None]]:

@@ -5,6 +5,7 @@ the same ops in the model's own graph load per value (value specialization), as 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from kn_graph.errors import EvaluationError
 from kn_graph.graph import Graph
 from kn_graph.onnx import ValueSpecializedModel, load_onnx
 from kn_graph.ops import Dynamic
+from kn_graph.optimizer import optimize
 from kn_graph.reference import evaluate
 from kn_runtime import Device
 from tests.kn_graph.onnx.helpers import node, reference
@@ -43,15 +45,22 @@ def _model(
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
 
 
-def _body_kinds(graph: Graph) -> set[str]:
-    """The Dynamic kinds inside the graph's subgraphs (Loop and Scan bodies, If branches)."""
-    kinds: set[str] = set()
+def _body_ops(graph: Graph) -> dict[str, str]:
+    """The Dynamic ops inside the graph's subgraphs (Loop and Scan bodies, If branches): for
+    each, its kind and node (`where`, its last parameter) -> its declared shape."""
+    found: dict[str, str] = {}
     for v in graph.values():
         op = graph[v].op
         if isinstance(op, Dynamic):
             for body in (p for p in op.params if isinstance(p, Graph)):
-                kinds |= {b.op.kind for b in body.value_infos() if isinstance(b.op, Dynamic)}
-    return kinds
+                for b in body.value_infos():
+                    if isinstance(b.op, Dynamic):
+                        found[f"{b.op.kind} {b.op.params[-1]}"] = str(b.shape)
+    return found
+
+
+def _body_kinds(graph: Graph) -> set[str]:
+    return {k.split()[0] for k in _body_ops(graph)}
 
 
 def _ours(loaded: Graph | ValueSpecializedModel, feed: Mapping[str, np.ndarray]) -> list:
@@ -62,14 +71,19 @@ def _ours(loaded: Graph | ValueSpecializedModel, feed: Mapping[str, np.ndarray])
 def check_everywhere(
     m: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]]
 ) -> list[list[np.ndarray]]:
-    """One load and one Device.cpu() preparation; per feed, the reference executor and the
-    CPU device equal onnxruntime in dtype, shape and value. Returns onnxruntime's outputs."""
+    """One load and one Device.cpu() preparation; per feed, the reference executor (also on
+    the optimized graph) and the CPU device equal onnxruntime in dtype, shape and value.
+    Returns onnxruntime's outputs."""
     loaded = load_onnx(m)
+    optimized = optimize(loaded)
     prepared = Device.cpu().prepare(loaded)
     wants = []
     for feed in feeds:
         want = reference(m, feed)
-        for label, got in (("reference", _ours(loaded, feed)), ("cpu", prepared.eval(feed))):
+        runs = [("reference", _ours(loaded, feed)), ("cpu", prepared.eval(feed))]
+        if isinstance(loaded, Graph):
+            runs.append(("optimized", _ours(optimized, feed)))
+        for label, got in runs:
             assert len(got) == len(want), label
             for k, (a, b) in enumerate(zip(got, want, strict=True)):
                 assert (a.dtype, a.shape) == (b.dtype, b.shape), (label, k, a.shape, b.shape)
@@ -214,8 +228,19 @@ def test_a_decoder_loop_grows_its_carried_tensors_by_one_step() -> None:
         ],
         ["step", "tokens", "hist", "ctxs"],
     )
-    assert {"range", "expand", "reshape", "constant_of_shape", "tile"} <= _body_kinds(
-        load_onnx(m)  # type: ignore[arg-type]
+    shapes = _body_ops(load_onnx(m))  # type: ignore[arg-type]
+    assert {k.split()[0] for k in shapes} == {
+        "range",
+        "expand",
+        "reshape",
+        "constant_of_shape",
+        "tile",
+    }
+    # the sizes the graph tells stay fixed: only the step's axis is a run-time size
+    assert re.fullmatch(r"\[1,expand\d+,4\]", shapes["expand Expand 'expand'"])
+    assert re.fullmatch(r"\[1,reshape\d+,1\]", shapes["reshape Reshape 'weights'"])
+    assert re.fullmatch(
+        r"\[1,constant_of_shape\d+\]", shapes["constant_of_shape ConstantOfShape 'mask'"]
     )
     feed = {
         "M": np.array(100),
