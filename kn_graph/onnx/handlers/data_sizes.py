@@ -149,8 +149,9 @@ def dynamic_expand(ctx: NodeContext) -> Value:
     xs = g[x].shape
     shape, elements = _shape_input(ctx, 1, "the shape")
     rank = max(xs.rank, len(elements))
-    ext_x: list[Size | None] = [None] * (rank - xs.rank) + list(xs.dims)
-    ext_t: list[Size | None] = [None] * (rank - len(elements)) + [*elements]
+    none: list[Size | None] = [None] * rank  # None: no such axis (x), data (the target)
+    ext_x = none[: rank - xs.rank] + list(xs.dims)
+    ext_t = none[: rank - len(elements)] + elements
     dims = []
     for k, (d, t) in enumerate(zip(ext_x, ext_t, strict=True)):
         if k < rank - len(elements) or t == Size(1):  # x's size stays

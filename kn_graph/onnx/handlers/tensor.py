@@ -414,12 +414,12 @@ def trilu(ctx: NodeContext) -> Result:
         # k from data (a graph input, a Loop's step): the sizes do not depend on it, so the
         # mask compares col - row with it at run time; no load per value of k
         g = ctx.graph
-        k = ctx.input(1)
-        if g[k].shape.size() != Size(1):
-            ctx.unsupported(f"k must be a scalar, found shape {g[k].shape}")
+        kv = ctx.input(1)
+        if g[kv].shape.size() != Size(1):
+            ctx.unsupported(f"k must be a scalar, found shape {g[kv].shape}")
         rows, cols = shape[-2], shape[-1]
         diag = g.sub(g.iota(Shape.of(rows, cols), 1), g.iota(Shape.of(rows, cols), 0))
-        mask = g.binary(op, diag, g.view(g.cast(k, DType.I64), Shape.of()))
+        mask = g.binary(op, diag, g.view(g.cast(kv, DType.I64), Shape.of()))
         return g.select(mask, ctx.input(0), 0)
     k = 0
     if ctx.has_input(1):
