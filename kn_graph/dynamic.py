@@ -14,6 +14,7 @@ hand it to the runner, and `outer_bindings` only reads its inputs.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -260,6 +261,116 @@ def _scatter_nd(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: Ru
     return [_scatter_into(data, where, upd, reduction)]
 
 
+# -- sizes from data (inside a Loop body: a step counter) ----------------------------------------
+# Each of these params ends in `where` (the node, for errors): its sizes come from the values of
+# its size inputs, known only when it runs.
+def _ints(a: np.ndarray, where: str, what: str) -> list[int]:
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu":
+        raise EvaluationError(f"{where}: {what} must be integers, found {a.dtype}")
+    return [int(v) for v in a.reshape(-1)]
+
+
+def _one(a: np.ndarray, where: str, what: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.size != 1:
+        raise EvaluationError(f"{where}: {what} must have one element, found shape {list(a.shape)}")
+    return a.reshape(-1)[0]
+
+
+def _sizes(dims: list[int], where: str, what: str) -> list[int]:
+    if any(d < 0 for d in dims):
+        raise EvaluationError(f"{where}: {what} {dims} has a negative size")
+    return dims
+
+
+def _range(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    """ONNX Range: start + i * delta for i < max(ceil((limit - start) / delta), 0); integers
+    exactly, floats computed in float64 and rounded once (as the load-time Range is)."""
+    (where,) = op.params
+    start, limit, delta = (
+        _one(a, where, w) for a, w in zip(xs, ("start", "limit", "delta"), strict=True)
+    )
+    dt = op.dtypes[0].np
+    if delta == 0:
+        raise EvaluationError(f"{where}: delta is zero (start {start}, limit {limit})")
+    if dt.kind in "iu":
+        s0, e0, d0 = int(start), int(limit), int(delta)
+        n = max(-((s0 - e0) // d0), 0)  # ceil((e0 - s0) / d0) in integers
+        return [(s0 + d0 * np.arange(n, dtype=np.int64)).astype(dt)]
+    lo, hi, d = float(start), float(limit), float(delta)
+    span = (hi - lo) / d
+    if not np.isfinite(span):
+        raise EvaluationError(f"{where}: Range({lo}, {hi}, {d}) has no finite length")
+    n = max(int(np.ceil(span)), 0)
+    return [(lo + d * np.arange(n, dtype=np.float64)).astype(dt)]
+
+
+def _constant_of_shape(
+    op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph
+) -> list:
+    value, where = op.params
+    dims = _sizes(_ints(xs[0], where, "the shape"), where, "the shape")
+    return [np.full(dims, value, op.dtypes[0].np)]
+
+
+def _expand(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    """ONNX Expand: x and the target shape broadcast both ways (a 1 in the target keeps x's size)."""
+    (where,) = op.params
+    x, target = xs
+    dims = _sizes(_ints(target, where, "the shape"), where, "the shape")
+    try:
+        out = np.broadcast_shapes(x.shape, tuple(dims))
+    except ValueError:
+        raise EvaluationError(
+            f"{where}: cannot expand {list(x.shape)} to {dims} (sizes must be equal or 1)"
+        ) from None
+    return [np.ascontiguousarray(np.broadcast_to(x, out))]
+
+
+def _reshape(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    """ONNX Reshape: a 0 copies x's size on that axis (a size 0 with allowzero), one -1 is
+    inferred from the element count."""
+    allowzero, where = op.params
+    x, target = xs
+    given = _ints(target, where, "the shape")
+    dims = list(given)
+    for i, d in enumerate(given):
+        if d < -1:
+            raise EvaluationError(f"{where}: invalid size {d} in the shape {given}")
+        if d == 0 and not allowzero:
+            if i >= x.ndim:
+                raise EvaluationError(
+                    f"{where}: the shape {given} copies axis {i} of {list(x.shape)}, which has "
+                    f"no such axis"
+                )
+            dims[i] = x.shape[i]
+    if dims.count(-1) > 1 or (allowzero and -1 in dims and 0 in dims):
+        raise EvaluationError(f"{where}: the shape {given} cannot be solved for its -1")
+    if -1 in dims:
+        rest = math.prod(d for d in dims if d != -1)
+        if rest == 0 or x.size % rest:
+            raise EvaluationError(
+                f"{where}: cannot reshape {list(x.shape)} ({x.size} elements) to {given}"
+            )
+        dims[dims.index(-1)] = x.size // rest
+    if math.prod(dims) != x.size:
+        raise EvaluationError(
+            f"{where}: cannot reshape {list(x.shape)} ({x.size} elements) to {given} "
+            f"({math.prod(dims)} elements)"
+        )
+    return [np.ascontiguousarray(x).reshape(dims)]
+
+
+def _tile(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    (where,) = op.params
+    x, repeats = xs
+    reps = _sizes(_ints(repeats, where, "the repeats"), where, "the repeats")
+    if len(reps) != x.ndim:
+        raise EvaluationError(f"{where}: {len(reps)} repeats for rank {x.ndim}")
+    return [np.tile(x, reps) if x.ndim else x.copy()]
+
+
 # -- control flow ------------------------------------------------------------------------------
 def _flag(a: np.ndarray, what: str) -> bool:
     a = np.asarray(a)
@@ -352,6 +463,11 @@ KINDS: dict[str, Run] = {
     "slice": _slice,
     "scatter_elements": _scatter_elements,
     "scatter_nd": _scatter_nd,
+    "range": _range,
+    "constant_of_shape": _constant_of_shape,
+    "expand": _expand,
+    "reshape": _reshape,
+    "tile": _tile,
     "if": _if,
     "loop": _loop,
     "scan": _scan,

@@ -16,6 +16,14 @@ import numpy as np
 from kn_graph.dtype import DType
 from kn_graph.onnx.context import KNOWN_LIMIT, MAX_RANK, Known, NodeContext, Result, onnx_op
 from kn_graph.onnx.handlers.common import all_known
+from kn_graph.onnx.handlers.data_sizes import (
+    at_run_time,
+    dynamic_constant_of_shape,
+    dynamic_expand,
+    dynamic_range,
+    dynamic_reshape,
+    dynamic_tile,
+)
 from kn_graph.ops import Value
 from kn_graph.shape import Shape, Size, broadcast_shapes
 
@@ -164,6 +172,8 @@ def reshape(ctx: NodeContext) -> Result:
     if ctx.opset < 5:
         ctx.ignore_attrs("consumed_inputs")
         target = [Size(d) for d in ctx.attr_ints("shape") or []]
+    elif at_run_time(ctx, 1):  # a shape from data inside a Loop body
+        return dynamic_reshape(ctx, ctx.attr_bool("allowzero", False))
     else:
         target = ctx.input_sizes(1, "the target shape")
     allowzero = ctx.attr_bool("allowzero", False)
@@ -351,6 +361,8 @@ def split(ctx: NodeContext) -> list[Result]:
 # -- broadcasting and repetition -------------------------------------------------------------------
 @onnx_op("Expand")
 def expand(ctx: NodeContext) -> Result:
+    if at_run_time(ctx, 1):
+        return dynamic_expand(ctx)
     target = ctx.input_sizes(1, "the target shape")
     if any(d.bounds()[1] < 0 for d in target):
         ctx.unsupported(f"negative size in the target shape {[str(d) for d in target]}")
@@ -366,6 +378,8 @@ def expand(ctx: NodeContext) -> Result:
 
 @onnx_op("Tile")
 def tile(ctx: NodeContext) -> Result:
+    if at_run_time(ctx, 1):
+        return dynamic_tile(ctx)
     shape = ctx.input_shape(0)
     reps = ctx.input_sizes(1, "repeats")  # may be symbolic: [B, 1, 1] in exports
     if len(reps) != shape.rank or any(n.bounds()[1] < 0 for n in reps):
@@ -383,14 +397,16 @@ def tile(ctx: NodeContext) -> Result:
 
 @onnx_op("ConstantOfShape")
 def constant_of_shape(ctx: NodeContext) -> Result:
-    dims = ctx.input_sizes(0, "the shape")
-    if any(d.bounds()[1] < 0 for d in dims):
-        ctx.unsupported(f"negative size in the shape {[str(d) for d in dims]}")
     value = ctx.attr_tensor("value")
     if value is None:
         value = np.zeros(1, np.float32)
     if value.size != 1:
         ctx.unsupported(f"value must hold one element, found shape {list(value.shape)}")
+    if at_run_time(ctx, 0):
+        return dynamic_constant_of_shape(ctx, value)
+    dims = ctx.input_sizes(0, "the shape")
+    if any(d.bounds()[1] < 0 for d in dims):
+        ctx.unsupported(f"negative size in the shape {[str(d) for d in dims]}")
     dtype = DType.from_np(value.dtype)
     out = Shape(tuple(dims))
     if not dtype.is_float and _small(out):
@@ -469,6 +485,8 @@ def _range_scalar(ctx: NodeContext, i: int, what: str) -> Size | np.generic:
 
 @onnx_op("Range")
 def range_(ctx: NodeContext) -> Result:
+    if at_run_time(ctx, 0, 1, 2):
+        return dynamic_range(ctx)
     dtype = ctx.input_dtype(0)
     start, limit, delta = (
         _range_scalar(ctx, i, w) for i, w in enumerate(("start", "limit", "delta"))

@@ -416,14 +416,31 @@ def trilu(ctx: NodeContext) -> Result:
     if shape.rank < 2:
         ctx.unsupported(f"input rank {shape.rank} < 2")
     upper = ctx.attr_bool("upper", True)
+    op = BinaryOp.GE if upper else BinaryOp.LE
+    if ctx.has_input(1) and _data_k(ctx):
+        # k from data (a graph input, a Loop's step): the sizes do not depend on it, so the
+        # mask compares col - row with it at run time; no load per value of k
+        g = ctx.graph
+        kv = ctx.input(1)
+        if g[kv].shape.size() != Size(1):
+            ctx.unsupported(f"k must be a scalar, found shape {g[kv].shape}")
+        rows, cols = shape[-2], shape[-1]
+        diag = g.sub(g.iota(Shape.of(rows, cols), 1), g.iota(Shape.of(rows, cols), 0))
+        mask = g.binary(op, diag, g.view(g.cast(kv, DType.I64), Shape.of()))
+        return g.select(mask, ctx.input(0), 0)
     k = 0
     if ctx.has_input(1):
         ks = static_ints(ctx, 1, "k")
         if len(ks) != 1:
             ctx.unsupported(f"k must be a scalar, found {ks}")
         k = ks[0]
-    mask = _band(ctx, shape[-2], shape[-1], k, BinaryOp.GE if upper else BinaryOp.LE)
+    mask = _band(ctx, shape[-2], shape[-1], k, op)
     return ctx.graph.select(mask, ctx.input(0), 0)
+
+
+def _data_k(ctx: NodeContext) -> bool:
+    """Trilu's k is not a load-time value (a constant or a shape tensor)."""
+    return ctx.input_known(1) is None and ctx.graph.const_value(ctx.input(1)) is None
 
 
 @onnx_op("EyeLike")
