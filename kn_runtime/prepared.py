@@ -39,6 +39,13 @@ buckets and image sizes while bounding what a stream of distinct shapes can hold
 they share one arena, the packed weights and oneDNN's workspace, so each one kept costs its
 oneDNN primitives and compiled steps only."""
 
+SMALL_SEGMENT_ELEMENTS = 1 << 20
+"""A segment of a data-dependent graph that keeps meeting new sizes (a decoder Loop's body,
+whose sequence grows by one per step) runs on the NumPy reference once more distinct bindings
+have been planned for it than the cache keeps, while all its values together hold at most this
+many elements: planning and compiling a size seen once costs ~10 ms, far more than running a
+small segment once (a 501-step OCR decoder: 17 ms per step planned, under 1 ms in NumPy)."""
+
 
 class PreparedGraph:
     """A graph bound to a device (and optionally to a batch size): `eval`, `profile`,
@@ -74,6 +81,7 @@ class PreparedGraph:
         self._specializing: ValueSpecializing | None = None
         self._direct: Executor | None = None  # the reference executor: every binding
         self._runner: SegmentedRunner | None = None
+        self._segment_builds: dict[int, int] = {}  # segment graph id -> executors built
         if isinstance(graph, ValueSpecializing):
             self._specializing = graph
             return
@@ -138,7 +146,30 @@ class PreparedGraph:
     def _run_segment(
         self, seg: Segment, arrays: Sequence[Any], bindings: Mapping[str, int]
     ) -> list[Any]:
-        return self._executor(seg.graph, bindings).eval(list(arrays), **self._kw(True))
+        from kn_cuda_eval.planning.cache import binding_key
+
+        graph = seg.graph
+        fresh = binding_key(bindings) not in self.cache.keys(graph.id)
+        if fresh and self._churning(graph, bindings):
+            from kn_graph.reference import evaluate
+
+            return evaluate(graph, list(arrays), known=bindings)
+        if fresh:
+            self._segment_builds[graph.id] = self._segment_builds.get(graph.id, 0) + 1
+        return self._executor(graph, bindings).eval(list(arrays), **self._kw(True))
+
+    def _churning(self, graph: Graph, bindings: Mapping[str, int]) -> bool:
+        """Whether a segment meets more distinct sizes than are worth planning and is small
+        enough for NumPy (`SMALL_SEGMENT_ELEMENTS`); host backends only (the reference's
+        arrays are host arrays)."""
+        if self.backend.device_arrays or self._segment_builds.get(graph.id, 0) < self.max_bindings:
+            return False
+        total = 0
+        for info in graph.value_infos():
+            total += info.shape.size().eval(bindings)
+            if total > SMALL_SEGMENT_ELEMENTS:
+                return False
+        return True
 
     def eval(self, inputs: Inputs, *, return_device: bool = False) -> list[Any]:
         """Evaluate for a list of arrays in input order (or a name → array map): NumPy arrays

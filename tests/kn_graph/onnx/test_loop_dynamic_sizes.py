@@ -469,3 +469,24 @@ def test_trilu_with_k_from_data_loads_once() -> None:
     assert isinstance(load_onnx(m), Graph)
     x = RNG.standard_normal((3, 4)).astype(np.float32)
     check_everywhere(m, [{"x": x, "k": np.array(k), "M": np.array(5)} for k in (-1, 0, 2, -7)])
+
+
+def test_a_body_meeting_new_sizes_every_step_stops_planning_them() -> None:
+    """40 steps of Range(0, i): each step is a binding never seen before. The CPU backend plans
+    the first `max_bindings` per segment, then runs the small segment in NumPy
+    (`kn_runtime.prepared.SMALL_SEGMENT_ELEMENTS`) instead of planning 40 sizes once each; the
+    results stay onnxruntime's."""
+    loop = node("Loop", ["M", "", "k0", "a0", "s0"], ["k", "acc", "seq"], body=_range_body("i"))
+    m = _model(
+        [loop],
+        [vi("M", I64, []), vi("k0", I64, []), vi("a0", I64, [1]), vi("s0", I64, [0])],
+        ["k", "acc", "seq"],
+    )
+    feed = {"M": np.array(40), "k0": np.array(0), "a0": np.array([0]), "s0": np.zeros(0, np.int64)}
+    want = ort.InferenceSession(m.SerializeToString()).run(None, feed)
+    prepared = Device.cpu(threads=1).prepare(load_onnx(m), max_bindings=3)
+    for _ in range(2):
+        for got, w in zip(prepared.eval(feed), want, strict=True):
+            np.testing.assert_array_equal(got, w)
+    builds = prepared._segment_builds  # segment graph id -> executors built
+    assert builds and max(builds.values()) == 3 and prepared.cache.built == sum(builds.values())
