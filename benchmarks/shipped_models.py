@@ -107,6 +107,7 @@ def ort_session(path: Path) -> ort.InferenceSession:
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3  # errors only: some shipped models warn on every call
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
