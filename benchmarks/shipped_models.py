@@ -271,8 +271,12 @@ def main() -> int:
         for s in ALL_SPECS
         if (not ARGS.only or s.name in ARGS.only) and (not ARGS.domain or s.domain in ARGS.domain)
     ]
+    import kn_graph
+
+    # the script's folder, not the working directory, heads sys.path: say which library runs
     print(
-        f"{len(specs)} models; onnxruntime {ort.__version__}, NumPy {np.__version__}, "
+        f"{len(specs)} models; kn_graph from {Path(kn_graph.__file__).parent.parent}, "
+        f"onnxruntime {ort.__version__}, NumPy {np.__version__}, "
         f"{ARGS.threads} threads each, {os.cpu_count()} cores",
         flush=True,
     )

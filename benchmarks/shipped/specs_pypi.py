@@ -117,11 +117,10 @@ SILERO = [
         "faster_whisper/assets/silero_vad_v6.onnx",
         "speech",
         feeds=feeds(
-            shapes={"input": (313, 576)}, by_name={"input": audio, "h": const(0), "c": const(0)}
+            shapes={"input": (938, 576)}, by_name={"input": audio, "h": const(0), "c": const(0)}
         ),
         note="vad.SileroVADModel.__call__: the whole audio as (windows, 64 + 512) in one call "
-        "with h, c zeros; 313 windows = 10 s (a 30 s Whisper segment, 938 windows, costs "
-        "~110 s of our first call: the corpus keeps to 10 s)",
+        "with h, c zeros; 938 windows = 30 s, one Whisper segment",
     ),
 ]
 
@@ -211,12 +210,11 @@ SPEECHMOS = [
         "speechmos/plcmos_models/plcmos_v2.onnx",
         "speech",
         feeds=feeds(
-            dims={0: 1, 2: 126},
+            dims={0: 1, 2: 626},
             by_name={"degraded_audio": uniform(-1.5, 0.5), "rater_embed": normal},
         ),
-        note="plcmos.PLCMOS.get_mos: log power of a 512-point STFT (hop 256) / 20 of any "
-        "length, here 2 s = 126 frames (10 s, 626 frames, costs ~340 s of our first call); "
-        "a random normal rater embedding",
+        note="plcmos.PLCMOS.get_mos: log power of a 512-point STFT (hop 256) / 20, 10 s = "
+        "626 frames; a random normal rater embedding",
     ),
     pypi(
         "speechmos-aecmos-16k",
