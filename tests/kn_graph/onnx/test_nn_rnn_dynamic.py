@@ -79,26 +79,28 @@ def check_feeds(model: onnx.ModelProto, feeds: Sequence[dict[str, np.ndarray]]) 
     return g
 
 
-def scans(g: Graph) -> int:
-    """How many Dynamic scan ops the graph holds (each has one value per result)."""
+def recurrences(g: Graph) -> int:
+    """How many Dynamic recurrence ops the graph holds (each has one value per result)."""
     ops = [i.op for i in g.value_infos()]
-    return sum(1 for op in ops if isinstance(op, Dynamic) and op.kind == "scan" and op.output == 0)
+    return sum(
+        1 for op in ops if isinstance(op, Dynamic) and op.kind == "recurrence" and op.output == 0
+    )
 
 
 @pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
-def test_symbolic_sequence_runs_as_one_scan_per_direction(op: str, direction: str) -> None:
+def test_symbolic_sequence_runs_as_one_recurrence_per_direction(op: str, direction: str) -> None:
     model = recurrent_model(op, direction, "seq")
     g = check_feeds(model, [{"x": rand(n, B, IN)} for n in (1, 3, 7)])
-    assert scans(g) == (2 if direction == "bidirectional" else 1)
+    assert recurrences(g) == (2 if direction == "bidirectional" else 1)
 
 
-def test_long_fixed_sequence_runs_as_a_scan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Longer than MAX_UNROLL (made 3 here): a scan, not an unrolled graph."""
-    monkeypatch.setattr(rnn, "MAX_UNROLL", 3)
+def test_long_fixed_sequence_runs_as_a_recurrence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Longer than RNN_MAX_UNROLL (made 3 here): a recurrence op, not an unrolled graph."""
+    monkeypatch.setattr(rnn, "RNN_MAX_UNROLL", 3)
     model = recurrent_model("LSTM", "bidirectional", 5, attrs={"clip": 0.8})
     g = check_feeds(model, [{"x": rand(5, B, IN)}])
-    assert scans(g) > 0
+    assert recurrences(g) == 2
 
 
 @pytest.mark.parametrize("op", ["GRU", "LSTM"])
