@@ -197,44 +197,50 @@ def _clip(spec: Recurrence, x: Array) -> Array:
     return x
 
 
-def _store(y: Array, h: Array, new: Array, running: Array | None, t: int) -> None:
-    """Y[t] and the next h from a step's new hidden state; a row not running keeps its h and
+def _out(y: Array, scratch: Array, running: Array | None, t: int) -> Array:
+    """Where step t writes its new hidden state: straight into Y[t] when every row runs (no
+    copy), else a scratch buffer that `_keep` merges."""
+    return scratch if running is not None else y[t]
+
+
+def _keep(y: Array, h: Array, new: Array, running: Array | None, t: int) -> Array:
+    """The hidden state after step t (`new`, from `_out`). A row not running keeps its h and
     outputs zeros (Y is zero-filled)."""
     if running is None:
-        h[...] = new
-        y[t] = new
-    else:
-        np.copyto(h, new, where=running[t])
-        np.copyto(y[t], new, where=running[t])
+        return new  # Y[t] itself
+    np.copyto(h, new, where=running[t])
+    np.copyto(y[t], new, where=running[t])
+    return h
 
 
-def _rnn(spec: Recurrence, a: _Args, y: Array) -> None:
+def _rnn(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, None]:
     (f,) = spec.acts
-    h = a.h0
-    new = np.empty_like(h)
+    h, scratch = a.h0, np.empty_like(a.h0)
     for t in _order(spec, a.xw.shape[0]):
-        np.matmul(h, a.rt, out=new)
+        new = _out(y, scratch, a.running, t)
+        np.dot(h, a.rt, out=new)
         new += a.xw[t]
         f.apply(_clip(spec, new))
-        _store(y, h, new, a.running, t)
+        h = _keep(y, h, new, a.running, t)
+    return h, None
 
 
-def _gru(spec: Recurrence, a: _Args, y: Array) -> None:
-    """h' = (1 - z)·ĥ + z·h with z, r = f(x_zr + h·R_zrᵀ) and ĥ = g(x_h + (r·h)·R_hᵀ), or with
-    linear_before_reset ĥ = g(x_h + r·(h·R_hᵀ + Rb_h))."""
+def _gru(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, None]:
+    """h' = ĥ + z·(h - ĥ) (= (1 - z)·ĥ + z·h) with z, r = f(x_zr + h·R_zrᵀ) and
+    ĥ = g(x_h + (r·h)·R_hᵀ), or with linear_before_reset ĥ = g(x_h + r·(h·R_hᵀ + Rb_h))."""
     f, g = spec.acts
     n = spec.hidden
     h = a.h0
     lbr = spec.linear_before_reset
     rec = np.empty((h.shape[0], (3 if lbr else 2) * n), h.dtype)  # h·Rᵀ (z, r[, h] gates)
-    rt_zr, rt_h = np.ascontiguousarray(a.rt[:, : 2 * n]), np.ascontiguousarray(a.rt[:, 2 * n :])
-    rt_first = a.rt if lbr else rt_zr
+    rt_first = a.rt if lbr else np.ascontiguousarray(a.rt[:, : 2 * n])
+    rt_h = np.ascontiguousarray(a.rt[:, 2 * n :])
     zr, z, r = rec[:, : 2 * n], rec[:, :n], rec[:, n : 2 * n]
-    cand, tmp, new = np.empty_like(h), np.empty_like(h), np.empty_like(h)
+    x_zr, x_h = a.xw[..., : 2 * n], a.xw[..., 2 * n :]
+    cand, tmp, scratch = np.empty_like(h), np.empty_like(h), np.empty_like(h)
     for t in _order(spec, a.xw.shape[0]):
-        x = a.xw[t]
-        np.matmul(h, rt_first, out=rec)
-        zr += x[:, : 2 * n]
+        np.dot(h, rt_first, out=rec)
+        zr += x_zr[t]
         f.apply(_clip(spec, zr))
         if lbr:
             np.copyto(cand, rec[:, 2 * n :])
@@ -243,17 +249,18 @@ def _gru(spec: Recurrence, a: _Args, y: Array) -> None:
             cand *= r
         else:
             np.multiply(r, h, out=tmp)
-            np.matmul(tmp, rt_h, out=cand)
-        cand += x[:, 2 * n :]
+            np.dot(tmp, rt_h, out=cand)
+        cand += x_h[t]
         g.apply(_clip(spec, cand))
-        np.subtract(1.0, z, out=tmp)
-        tmp *= cand
-        np.multiply(z, h, out=new)
-        new += tmp
-        _store(y, h, new, a.running, t)
+        new = _out(y, scratch, a.running, t)
+        np.subtract(h, cand, out=new)
+        new *= z
+        new += cand
+        h = _keep(y, h, new, a.running, t)
+    return h, None
 
 
-def _lstm(spec: Recurrence, a: _Args, y: Array) -> None:
+def _lstm(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, Array]:
     """c' = f·c + i·g(x_c + h·R_cᵀ), h' = o·h(c') with i, f (peeking at c) and o (at c') from
     f(x + h·Rᵀ); with input_forget, f = 1 - i."""
     f, g, act_h = spec.acts
@@ -263,7 +270,7 @@ def _lstm(spec: Recurrence, a: _Args, y: Array) -> None:
     gates = np.empty((h.shape[0], 4 * n), h.dtype)
     i, o, fg, cc = (gates[:, k * n : (k + 1) * n] for k in range(4))
     pi, po, pf = (None, None, None) if a.p is None else (a.p[k * n : (k + 1) * n] for k in range(3))
-    tmp, c_new, new = np.empty_like(h), np.empty_like(h), np.empty_like(h)
+    tmp, c_new, scratch = np.empty_like(h), np.empty_like(h), np.empty_like(h)
 
     def gate(x: Array, weight: Array | None, state: Array) -> None:
         if weight is not None:
@@ -271,27 +278,35 @@ def _lstm(spec: Recurrence, a: _Args, y: Array) -> None:
             x += tmp
         f.apply(_clip(spec, x))
 
+    together = a.p is None and not spec.input_forget  # i, o, f in one call
+    iof = gates[:, : 3 * n]
     for t in _order(spec, a.xw.shape[0]):
-        np.matmul(h, a.rt, out=gates)
+        np.dot(h, a.rt, out=gates)
         gates += a.xw[t]
-        gate(i, pi, c)
-        if spec.input_forget:
-            np.subtract(1.0, i, out=fg)
+        if together:
+            f.apply(_clip(spec, iof))
         else:
-            gate(fg, pf, c)
+            gate(i, pi, c)
+            if spec.input_forget:
+                np.subtract(1.0, i, out=fg)
+            else:
+                gate(fg, pf, c)
         g.apply(_clip(spec, cc))
         np.multiply(fg, c, out=c_new)
         np.multiply(i, cc, out=tmp)
         c_new += tmp
-        gate(o, po, c_new)
+        if not together:
+            gate(o, po, c_new)
+        new = _out(y, scratch, a.running, t)
         np.copyto(new, c_new)
         act_h.apply(new)
         new *= o
         if a.running is None:
-            c[...] = c_new
+            c, c_new = c_new, c  # c_new's buffer is free again
         else:
             np.copyto(c, c_new, where=a.running[t])
-        _store(y, h, new, a.running, t)
+        h = _keep(y, h, new, a.running, t)
+    return h, c
 
 
 def run_recurrence(spec: Recurrence, xs: list[Array]) -> list[Array]:
@@ -299,14 +314,16 @@ def run_recurrence(spec: Recurrence, xs: list[Array]) -> list[Array]:
     a = _unpack(spec, xs)
     dt = xs[0].dtype
     y = np.zeros((a.xw.shape[0], *a.h0.shape), a.xw.dtype)
+    h: Array
+    c: Array | None
     match spec.kind:
         case "RNN":
-            _rnn(spec, a, y)
+            h, c = _rnn(spec, a, y)
         case "GRU":
-            _gru(spec, a, y)
+            h, c = _gru(spec, a, y)
         case "LSTM":
-            _lstm(spec, a, y)
+            h, c = _lstm(spec, a, y)
         case _:
             raise EvaluationError(f"recurrence: unknown cell kind '{spec.kind}'")
-    states = [a.h0] if a.c0 is None else [a.h0, a.c0]
-    return [r.astype(dt, copy=False) for r in (y, *states)]
+    states = [h] if c is None else [h, c]  # h may be a view of Y: astype copies
+    return [y.astype(dt, copy=False), *(v.astype(dt) for v in states)]

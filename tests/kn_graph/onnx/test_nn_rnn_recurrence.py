@@ -8,9 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kn_cuda_eval.planning.segments import emulate_graph
 from kn_graph.onnx.handlers.rnn_steps import RNN_MAX_UNROLL
+from kn_graph.optimizer import optimize
 from kn_graph.recurrence import ACTIVATIONS
-from tests.kn_graph.onnx.nn_helpers import rand
+from kn_graph.reference import evaluate
+from tests.kn_cuda_eval.helpers import check_plan
+from tests.kn_graph.onnx.nn_helpers import assert_close, onnxruntime, rand
 from tests.kn_graph.onnx.rnn_helpers import IN, B, check_feeds, recurrences, recurrent_model
 
 T = RNN_MAX_UNROLL + 4
@@ -89,6 +93,21 @@ def test_bidirectional_lstm_peepholes_and_sequence_lengths_from_data() -> None:
     ]
     g = check_feeds(model, feeds)
     assert recurrences(g) == 2
+
+
+def test_every_executor_runs_the_kind() -> None:
+    """Optimized (the op carried through unchanged), through segmented plans in the plan
+    emulator and on the fake CUDA device (the kind at a host point)."""
+    model = recurrent_model("GRU", "bidirectional", "seq", data_lens=True)
+    g = check_feeds(model, [{"x": rand(T, B, IN), "lens": np.array([T, 5, 1], np.int32)}])
+    opt = optimize(g)
+    assert recurrences(opt) == 2
+    for n, lens in ((T, [T, 5, 1]), (3, [2, 3, 1])):
+        feed = {"x": rand(n, B, IN), "lens": np.array(lens, np.int32)}
+        want = onnxruntime(model, feed)
+        assert_close(evaluate(opt, feed), want, 1e-4, 1e-5)
+        assert_close(emulate_graph(opt, feed), want, 1e-4, 1e-5)
+        check_plan(g, feed, expected=want)
 
 
 @pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
