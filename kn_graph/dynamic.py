@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kn_graph.errors import EvaluationError
+from kn_graph.recurrence import Recurrence, run_recurrence
 from kn_graph.shape import Shape, infer_symbols
 
 if TYPE_CHECKING:
@@ -455,6 +456,14 @@ def _scan(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph
     return results
 
 
+def _recurrence(op: Dynamic, xs: list[np.ndarray], b: Mapping[str, int], run: RunGraph) -> list:
+    """One direction of an RNN / GRU / LSTM layer over all its steps (`kn_graph.recurrence`)."""
+    (spec,) = op.params
+    if not isinstance(spec, Recurrence):
+        raise EvaluationError(f"recurrence: params {op.params!r}, expected one Recurrence")
+    return run_recurrence(spec, xs)
+
+
 KINDS: dict[str, Run] = {
     "nonzero": _nonzero,
     "topk": _topk,
@@ -471,6 +480,7 @@ KINDS: dict[str, Run] = {
     "if": _if,
     "loop": _loop,
     "scan": _scan,
+    "recurrence": _recurrence,
 }
 CONTROL = frozenset({"if", "loop", "scan"})
 """Kinds with subgraphs (their first params are Graphs)."""

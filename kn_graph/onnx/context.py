@@ -50,8 +50,9 @@ KNOWN_LIMIT = 4096
 load-time `Known` tensors."""
 
 MAX_UNROLL = 1 << 14
-"""The most steps a handler unrolls into the graph (RNN and linear-attention time steps): a
-declared length of 2^31 is refused instead of building for hours."""
+"""The most steps a handler unrolls into the graph (linear-attention time steps; recurrent
+layers unroll at most `rnn_steps.RNN_MAX_UNROLL`): a declared length of 2^31 is refused
+instead of building for hours."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -2,7 +2,7 @@
 
 The input projection of every time step is one matmul; each step then adds the recurrent
 projection and applies the cell (`rnn_cells`). A fixed, short sequence is unrolled; a symbolic
-or long one runs as a scan over one cell step (`rnn_steps`). Both layouts, the three
+or long one runs as one "recurrence" op per direction (`rnn_steps`, `kn_graph.recurrence`). Both layouts, the three
 directions, initial states, peepholes, clipping, custom activations and per-batch sequence
 lengths (constants or data, in every direction) are supported.
 """
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kn_graph.dtype import DType
-from kn_graph.onnx.context import MAX_UNROLL, NodeContext, Result, onnx_op
+from kn_graph.onnx.context import NodeContext, Result, onnx_op
 from kn_graph.onnx.handlers.reverse_prefix import reverse_prefixes
 from kn_graph.onnx.handlers.rnn_cells import Cell, read_activations
-from kn_graph.onnx.handlers.rnn_steps import Run, run_scanned, run_unrolled
+from kn_graph.onnx.handlers.rnn_steps import RNN_MAX_UNROLL, Run, run_recurrence, run_unrolled
 from kn_graph.ops import BinaryOp, Value
 from kn_graph.shape import Shape, Size
 
@@ -196,10 +196,10 @@ def _run(ctx: NodeContext, layer: Layer, d: Direction, lens: Value | None) -> Ru
         if reverse:
             xw, reverse = reverse_prefixes(g, xw, lens, 0, 1), False
     steps = layer.steps.fixed_value()
-    if steps is not None and 1 <= steps <= MAX_UNROLL:
+    if steps is not None and 1 <= steps <= RNN_MAX_UNROLL:
         y, h, c = run_unrolled(g, d.cell, steps, xw, d.h0, d.c0, running, reverse)
     else:
-        y, h, c = run_scanned(g, d.cell, xw, d.h0, d.c0, running, reverse)
+        y, h, c = run_recurrence(g, d.cell, xw, d.h0, d.c0, running, reverse)
     if lens is not None and d.reverse:
         y = reverse_prefixes(g, y, lens, 0, 1)
     return y, h, c

@@ -4,13 +4,14 @@ built from graph ops. Gate layouts follow the ONNX spec: GRU z, r, h; LSTM i, o,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kn_graph.graph import Graph
 from kn_graph.onnx.context import NodeContext
 from kn_graph.ops import BinaryOp, UnaryOp, Value
+from kn_graph.recurrence import ACTIVATIONS, Activation
 
-__all__ = ["Activation", "Cell", "gru_cell", "lstm_cell", "read_activations", "rnn_cell"]
+__all__ = ["Cell", "activate", "gru_cell", "lstm_cell", "read_activations", "rnn_cell"]
 
 _ALPHA = {
     "Affine": 1.0,
@@ -21,44 +22,38 @@ _ALPHA = {
     "Elu": 1.0,
 }
 _BETA = {"Affine": 0.0, "ScaledTanh": 1.0, "HardSigmoid": 0.5}
-_PLAIN = ("Relu", "Tanh", "Sigmoid", "Softsign", "Softplus")
+_PLAIN = tuple(a for a in ACTIVATIONS if a not in _ALPHA)
 
 
-@dataclass(frozen=True, slots=True)
-class Activation:
-    """An activation function of the recurrent ops, with its optional alpha and beta."""
-
-    name: str
-    alpha: float = 0.0
-    beta: float = 0.0
-
-    def __call__(self, g: Graph, x: Value) -> Value:
-        a, b = self.alpha, self.beta
-        match self.name:
-            case "Relu":
-                return g.relu(x)
-            case "Tanh":
-                return g.unary(UnaryOp.TANH, x)
-            case "Sigmoid":
-                return g.unary(UnaryOp.SIGMOID, x)
-            case "Softsign":
-                return g.div(x, g.add(g.unary(UnaryOp.ABS, x), 1.0))
-            case "Softplus":
-                return g.unary(UnaryOp.SOFTPLUS, x)
-            case "Affine":
-                return g.add(g.mul(x, a), b)
-            case "LeakyRelu":
-                return g.select(g.binary(BinaryOp.GE, x, 0.0), x, g.mul(x, a))
-            case "ThresholdedRelu":
-                return g.select(g.binary(BinaryOp.GT, x, a), x, 0.0)
-            case "ScaledTanh":
-                return g.mul(g.unary(UnaryOp.TANH, g.mul(x, b)), a)
-            case "HardSigmoid":
-                return g.clamp(g.add(g.mul(x, a), b), 0.0, 1.0)
-            case "Elu":
-                return g.select(g.binary(BinaryOp.GT, x, 0.0), x, g.mul(g.sub(g.exp(x), 1.0), a))
-            case _:
-                raise AssertionError(self.name)
+def activate(g: Graph, act: Activation, x: Value) -> Value:
+    """`act` of `x` from graph ops (the formulas of `Activation.apply`, which runs the
+    "recurrence" kind in NumPy: keep the two alike)."""
+    a, b = act.alpha, act.beta
+    match act.name:
+        case "Relu":
+            return g.relu(x)
+        case "Tanh":
+            return g.unary(UnaryOp.TANH, x)
+        case "Sigmoid":
+            return g.unary(UnaryOp.SIGMOID, x)
+        case "Softsign":
+            return g.div(x, g.add(g.unary(UnaryOp.ABS, x), 1.0))
+        case "Softplus":
+            return g.unary(UnaryOp.SOFTPLUS, x)
+        case "Affine":
+            return g.add(g.mul(x, a), b)
+        case "LeakyRelu":
+            return g.select(g.binary(BinaryOp.GE, x, 0.0), x, g.mul(x, a))
+        case "ThresholdedRelu":
+            return g.select(g.binary(BinaryOp.GT, x, a), x, 0.0)
+        case "ScaledTanh":
+            return g.mul(g.unary(UnaryOp.TANH, g.mul(x, b)), a)
+        case "HardSigmoid":
+            return g.clamp(g.add(g.mul(x, a), b), 0.0, 1.0)
+        case "Elu":
+            return g.select(g.binary(BinaryOp.GT, x, 0.0), x, g.mul(g.sub(g.exp(x), 1.0), a))
+        case _:
+            raise AssertionError(act.name)
 
 
 def read_activations(
@@ -108,7 +103,7 @@ def rnn_cell(
     acts: list[Activation],
     clip: float | None,
 ) -> Value:
-    return acts[0](g, _clip(g, g.add(xw, _recurrent(g, h, r, rb)), clip))
+    return activate(g, acts[0], _clip(g, g.add(xw, _recurrent(g, h, r, rb)), clip))
 
 
 def gru_cell(
@@ -127,14 +122,14 @@ def gru_cell(
     rb_zr = None if rb is None else g.slice(rb, 0, 0, 2 * n)
     rb_h = None if rb is None else g.slice(rb, 0, 2 * n, 3 * n)
     zr = g.add(g.slice(xw, -1, 0, 2 * n), _recurrent(g, h, r_zr, rb_zr))
-    z = f(g, _clip(g, _part(g, zr, 0, n), clip))
-    reset = f(g, _clip(g, _part(g, zr, 1, n), clip))
+    z = activate(g, f, _clip(g, _part(g, zr, 0, n), clip))
+    reset = activate(g, f, _clip(g, _part(g, zr, 1, n), clip))
     xh = _part(g, xw, 2, n)
     if linear_before_reset:
         pre = g.add(xh, g.mul(reset, _recurrent(g, h, r_h, rb_h)))
     else:
         pre = g.add(xh, _recurrent(g, g.mul(reset, h), r_h, rb_h))
-    cand = act(g, _clip(g, pre, clip))
+    cand = activate(g, act, _clip(g, pre, clip))
     return g.add(g.mul(g.sub(1.0, z), cand), g.mul(z, h))
 
 
@@ -160,22 +155,21 @@ def lstm_cell(
     def peep(x: Value, weight: Value | None, state: Value) -> Value:
         return x if weight is None else g.add(x, g.mul(weight, state))
 
-    i = f(g, _clip(g, peep(_part(g, gates, 0, n), pi, c), clip))
+    i = activate(g, f, _clip(g, peep(_part(g, gates, 0, n), pi, c), clip))
     if input_forget:
         forget = g.sub(g.full(1.0, g.shape(i), g.dtype(i)), i)
     else:
-        forget = f(g, _clip(g, peep(_part(g, gates, 2, n), pf, c), clip))
-    cand = act_g(g, _clip(g, _part(g, gates, 3, n), clip))
+        forget = activate(g, f, _clip(g, peep(_part(g, gates, 2, n), pf, c), clip))
+    cand = activate(g, act_g, _clip(g, _part(g, gates, 3, n), clip))
     c_new = g.add(g.mul(forget, c), g.mul(i, cand))
-    o = f(g, _clip(g, peep(_part(g, gates, 1, n), po, c_new), clip))
-    return g.mul(o, act_h(g, c_new)), c_new
+    o = activate(g, f, _clip(g, peep(_part(g, gates, 1, n), po, c_new), clip))
+    return g.mul(o, activate(g, act_h, c_new)), c_new
 
 
 @dataclass(frozen=True, slots=True)
 class Cell:
-    """One direction's step function: the kind, its recurrent weights and options. The weights
-    are values of the graph the step is built in (the node's graph when unrolled, a scan body's
-    graph otherwise: `with_weights` moves them)."""
+    """One direction's step function: the kind, its recurrent weights and options (values of
+    the node's graph)."""
 
     kind: str  # RNN, GRU or LSTM
     r: Value  # [G·H, H]
@@ -185,9 +179,6 @@ class Cell:
     clip: float | None
     linear_before_reset: bool  # GRU
     input_forget: bool  # LSTM
-
-    def with_weights(self, r: Value, rb: Value | None, p: Value | None) -> Cell:
-        return replace(self, r=r, rb=rb, p=p)
 
     def __call__(
         self, g: Graph, xw: Value, h: Value, c: Value | None

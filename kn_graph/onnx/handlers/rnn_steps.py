@@ -1,6 +1,7 @@
 """Running one direction of a recurrent layer over its steps: unrolled when the sequence is
-fixed and short (every step in the graph, which fuses well), else as a `Dynamic` "scan" over a
-body graph of one cell step (a symbolic or long sequence: one loaded graph for every length).
+fixed and short (every step in the graph, which fuses well), else as one `Dynamic`
+"recurrence" op (a symbolic or long sequence: one loaded graph for every length, each step a
+few microseconds of NumPy).
 
 Both take the input projection of every step at once ([T, B, G·H], one matmul outside the loop)
 and, for per-batch sequence lengths, a [T, B, 1] mask of the rows still running: a stopped row
@@ -9,13 +10,17 @@ keeps its state and outputs zeros (onnxruntime's semantics).
 
 from __future__ import annotations
 
-from kn_graph.dtype import DType
 from kn_graph.graph import Graph
 from kn_graph.onnx.handlers.rnn_cells import Cell
 from kn_graph.ops import Value
-from kn_graph.shape import Shape
+from kn_graph.recurrence import Recurrence
 
-__all__ = ["run_scanned", "run_unrolled"]
+__all__ = ["RNN_MAX_UNROLL", "run_recurrence", "run_unrolled"]
+
+RNN_MAX_UNROLL = 16
+"""The longest fixed sequence that is unrolled: unrolled steps fuse with their neighbours and run
+without a host point, but each costs load and prepare time (a matmul and a dozen element ops;
+626 GRU steps took ~2 minutes to prepare) while a "recurrence" op costs ~10 µs per step."""
 
 Run = tuple[Value, Value, Value | None]
 """All hidden states [T, B, H] in time order, the last hidden state and (LSTM) cell state."""
@@ -54,19 +59,7 @@ def run_unrolled(
     return y, h, c
 
 
-def _into(g: Graph, body: Graph, v: Value | None, caps: list[Value], name: str) -> Value | None:
-    """Outer value `v` as a value of the body: a constant is copied in, anything else becomes a
-    body input fed by the scan (a capture)."""
-    if v is None:
-        return None
-    arr = g.const_value(v)
-    if arr is not None:
-        return body.constant(arr)
-    caps.append(v)
-    return body.input(g.shape(v), g.dtype(v), name)
-
-
-def run_scanned(
+def run_recurrence(
     g: Graph,
     cell: Cell,
     xw: Value,
@@ -75,29 +68,24 @@ def run_scanned(
     running: Value | None,
     reverse: bool,
 ) -> Run:
-    """A `Dynamic` "scan" over the time axis of `xw` (and `running`): state h (and c), scan
-    inputs x_t (and running_t), captures R, its bias and the peepholes; outputs h, c, y_t."""
-    body = Graph()
-    body.share_fresh_names(g)
-    hb = body.input(g.shape(h0), g.dtype(h0), "h")
-    cb = None if c0 is None else body.input(g.shape(c0), g.dtype(c0), "c")
-    xs = [xw] if running is None else [xw, running]
-    xb = body.input(g.shape(xw).remove(0), g.dtype(xw), "xw")
-    rb_ = None if running is None else body.input(g.shape(running).remove(0), DType.BOOL, "run")
-    caps: list[Value] = []
-    r = _into(g, body, cell.r, caps, "r")
-    assert r is not None
-    inner = cell.with_weights(
-        r, _into(g, body, cell.rb, caps, "rb"), _into(g, body, cell.p, caps, "p")
+    """A `Dynamic` "recurrence" (`kn_graph.recurrence`): every step in one NumPy loop, for any
+    length. Arguments xw, R[, Rb], h0[, c0][, P][, running]; results Y, h_T[, c_T]."""
+    n = g.shape(h0)[-1].as_int("hidden size")
+    spec = Recurrence(
+        cell.kind,
+        n,
+        tuple(cell.acts),
+        cell.clip,
+        cell.linear_before_reset,
+        cell.input_forget,
+        has_bias=cell.rb is not None,
+        has_peepholes=cell.p is not None,
+        masked=running is not None,
+        reverse=reverse,
     )
-    y, h, c = _step(body, inner, xb, hb, cb, rb_)
-    states = [h] if c is None else [h, c]
-    for v, name in zip([*states, y], ["h", "c", "y"] if c is not None else ["h", "y"], strict=True):
-        body.add_output(v, name)
-    init = [h0] if c0 is None else [h0, c0]
-    n_in = len(xs)
-    params = (body, len(init), n_in, (0,) * n_in, (reverse,) * n_in, (0,), (reverse,))
-    shapes: list[Shape] = [g.shape(v) for v in init]
-    shapes.append(g.shape(h0).insert(0, g.shape(xw)[0]))
-    outs = g.dynamic("scan", [*init, *xs, *caps], params, shapes, [g.dtype(h0)] * len(shapes))
-    return outs[-1], outs[0], outs[1] if c0 is not None else None
+    optional = [cell.rb, h0, c0, cell.p, running]
+    args = [xw, cell.r, *(v for v in optional if v is not None)]
+    states = [h0] if c0 is None else [h0, c0]
+    shapes = [g.shape(h0).insert(0, g.shape(xw)[0]), *(g.shape(v) for v in states)]
+    outs = g.dynamic("recurrence", args, (spec,), shapes, [g.dtype(h0)] * len(shapes))
+    return outs[0], outs[1], outs[2] if c0 is not None else None
