@@ -75,6 +75,9 @@ class GraphBase:
         self.equate: Equate | None = None
         """How two symbolic sizes that must be equal become one (the ONNX loader records a
         guard or unifies symbols); None: they must be identical, else GraphError."""
+        self.binding_memo: dict[tuple, dict[str, int]] = {}
+        """Input shapes (and pre-bound symbols) -> the bindings they gave, for
+        `kn_graph.binding` (bounded there): solving and guard checks run once per shape."""
         self.optimized = False
         """Set on the graphs `kn_graph.optimizer.optimize` returns: `Device.prepare`, which
         optimizes by default, leaves such a graph as it is instead of optimizing it twice."""

@@ -132,3 +132,23 @@ def test_prepare_optimizes_by_default_as_an_onnxruntime_session_does() -> None:
         np.testing.assert_allclose(p.eval([x])[0], want, rtol=1e-4, atol=1e-4)
     with pytest.raises(KnError, match="optimize must be True, False or None"):
         Device.cpu().prepare(g, optimize="yes")  # type: ignore[arg-type]
+
+
+def test_bindings_are_remembered_per_shape_and_guards_still_refuse_every_time() -> None:
+    """The binding memo (kn_graph.binding.BINDING_MEMO) keeps what a shape bound, never what it
+    was refused for, and stays bounded over a stream of distinct shapes."""
+    from kn_graph.binding import BINDING_MEMO
+    from kn_graph.errors import InputMismatchError
+
+    g = _graph(Size.sym("B"))
+    g.add_guard(Size(4), ">=", Size.sym("B"), "at most 4 rows")
+    p = Device.cpu(threads=1).prepare(g, optimize=False)
+    for _ in range(2):
+        np.testing.assert_array_equal(p.eval([_x(2)])[0], np.maximum(2 * _x(2), 0))
+        with pytest.raises(InputMismatchError, match="at most 4 rows"):
+            p.eval([_x(5)])
+    free = _graph(Size.sym("B"))
+    ref = Device.cpu(reference=True).prepare(free)
+    for b in range(1, BINDING_MEMO + 8):
+        assert ref.check_inputs([np.zeros((b, 3), np.float32)]) == {"B": b}
+    assert 0 < len(free.binding_memo) <= BINDING_MEMO
