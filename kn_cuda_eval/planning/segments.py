@@ -199,6 +199,9 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(get() if callable(get) else a)
 
 
+BOUND_MEMO = 256
+"""Host-point results whose bindings a `SegmentedRunner` remembers (cleared when full)."""
+
 SegmentRun = Callable[[Segment, Sequence[Any], Mapping[str, int]], list[Any]]
 """Runs one segment on a device at the values of its `symbols`: arrays in, (device) arrays
 out. Planning once per distinct binding and caching the plan is the device's business."""
@@ -212,6 +215,7 @@ class SegmentedRunner:
     run_segment: SegmentRun
     _splits: dict[int, SegmentedGraph] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _bound_memo: dict[tuple, dict[str, int]] = field(default_factory=dict)
 
     def segmented(self, graph: Graph) -> SegmentedGraph:
         with self._lock:
@@ -246,9 +250,7 @@ class SegmentedRunner:
             args = [_to_host(self._value(graph, env, x)) for x in op.args]
             try:
                 results = run_dynamic(op, args, bindings, self._run_subgraph)
-                new = bind_results(op, results, bindings)
-                if new.keys() != bindings.keys():
-                    graph.check_bindings(new)
+                new = self._bound(graph, stage, results, bindings)
             except KnError as e:
                 where = graph.format_value(graph.value(stage.results[0][0]))
                 raise type(e)(f"while computing {where}: {e}") from e
@@ -257,6 +259,32 @@ class SegmentedRunner:
                 env[i] = results[j]
         outs = [self._value(graph, env, v) for v in graph.outputs]
         return [np.array(_to_host(o)) for o in outs] if host_outputs else outs
+
+    def _bound(
+        self,
+        graph: Graph,
+        stage: HostPoint,
+        results: Sequence[np.ndarray],
+        bindings: dict[str, int],
+    ) -> dict[str, int]:
+        """`bindings` plus what the results of `stage` bind (`bind_results`), guards checked;
+        remembered per stage, result shapes and bindings (`BOUND_MEMO`), so that a host point
+        met again at the same sizes (a recurrence per VAD chunk) costs a lookup."""
+        key = (id(stage), *(r.shape for r in results), *bindings.items())
+        with self._lock:
+            hit = self._bound_memo.get(key)
+        if hit is not None and all(
+            r.dtype == dt.np for r, dt in zip(results, stage.op.dtypes, strict=True)
+        ):
+            return dict(hit)
+        new = bind_results(stage.op, results, bindings)
+        if new.keys() != bindings.keys():
+            graph.check_bindings(new)
+        with self._lock:
+            if len(self._bound_memo) >= BOUND_MEMO:
+                self._bound_memo.clear()
+            self._bound_memo[key] = dict(new)
+        return new
 
     def _run_subgraph(
         self, graph: Graph, inputs: list[np.ndarray], bindings: Mapping[str, int]
