@@ -65,6 +65,7 @@ from kn_cuda_eval.planning.plan import Plan
 from kn_cuda_eval.planning.plan import plan as make_plan
 from kn_cuda_eval.planning.profile import Profile, ProfileRow
 from kn_cuda_eval.planning.settings import PlanSettings
+from kn_cuda_eval.planning.work import plan_work
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
 from kn_graph.graph import Graph
@@ -82,6 +83,15 @@ _ALIGN = 64
 # of ResNet-50 36.7 ms in NHWC vs 38.0 ms in oneDNN's own pick, MobileNetV2 4.3 vs 4.2,
 # EfficientNet-B0 5.9 vs 5.9 (2 threads, AVX-512).
 CHAIN_LAYOUT = "nhwc"
+
+SINGLE_THREAD_WORK = 8_000_000
+"""A plan doing fewer operations than this (`planning.work.plan_work`) runs on one thread
+whatever the device's `threads` say (`host_executor`, what `Device.cpu()` builds; a
+`HostExecutor` made directly takes its `threads` as given): a wake-word head (0.1 to 4 M
+operations) or a VAD chunk (1.4 M) takes 0.1 to 0.5 ms, and waking the OpenMP pool at each of
+its steps cost ~15 % on top (2 threads on an AVX2 EPYC: openWakeWord's head 0.61 -> 0.51 ms,
+Silero v5 1.61 -> 1.39 ms). 8 M lies between the largest such model of the shipped corpus
+(4.3 M, a mel front end) and the smallest one that is not (35 M, a PP-OCR classifier)."""
 
 _Step = st.Step | fuse.Folded  # a step as the executor runs it
 _Built = tuple[Callable[[], None] | None, str]  # a step's host callable (None: none), its name
@@ -566,4 +576,6 @@ def host_executor(
         bindings=dict(bindings),
         settings=settings if settings is not None else host_plan_settings(graph),
     )
+    if plan_work(p.steps) < SINGLE_THREAD_WORK:
+        threads = 1  # waking a pool would cost more than it shares
     return HostExecutor(p, threads, shared=shared)
