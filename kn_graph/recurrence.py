@@ -83,7 +83,7 @@ class Activation:
                 x += b
                 _clamp(x, 0.0, 1.0)
             case "Elu":  # x > 0 ? x : a·(exp(x) - 1)
-                neg = np.exp(x)
+                neg = np.exp(np.minimum(x, 0.0))  # the positive side is not used: no overflow
                 neg -= 1.0
                 neg *= a
                 np.copyto(x, neg, where=~(x > 0.0))

@@ -14,7 +14,7 @@ from kn_graph.onnx import load_onnx
 from kn_graph.ops import Dynamic
 from kn_graph.reference import evaluate
 from kn_runtime import Device
-from tests.kn_graph.onnx.nn_helpers import assert_close, onnxruntime, rand
+from tests.kn_graph.onnx.nn_helpers import assert_close, onnxruntime
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 B, IN, H = 3, 5, 6
@@ -35,10 +35,17 @@ def recurrent_model(
     peepholes: bool = False,
     dtype: type = np.float32,
     attrs: dict[str, object] | None = None,
+    seed: int = 0,
 ) -> onnx.ModelProto:
     """One RNN/GRU/LSTM node over x [steps, B, IN] (steps a dim_param when a string), with bias
     and initial states; sequence_lens an initializer (`lens`) or a graph input (`data_lens`);
-    LSTM peepholes when asked; x, weights and states of `dtype`."""
+    LSTM peepholes when asked; x, weights and states of `dtype`. The weights come from their
+    own generator (`seed`), so a model is the same whichever tests ran before."""
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32)
+
     dirs = 2 if direction == "bidirectional" else 1
     g = GATES[op] * H
     inits = {
@@ -68,6 +75,11 @@ def recurrent_model(
     init = [numpy_helper.from_array(a, n) for n, a in inits.items()]
     graph = helper.make_graph([node], "g", ins, outs, initializer=init)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def sequence(steps: int, seed: int = 1, scale: float = 1.0) -> np.ndarray:
+    """An input x [steps, B, IN] of its own generator (the same whatever ran before)."""
+    return (np.random.default_rng(seed).standard_normal((steps, B, IN)) * scale).astype(np.float32)
 
 
 def check_feeds(

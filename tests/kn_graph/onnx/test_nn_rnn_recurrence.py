@@ -14,8 +14,13 @@ from kn_graph.optimizer import optimize
 from kn_graph.recurrence import ACTIVATIONS
 from kn_graph.reference import evaluate
 from tests.kn_cuda_eval.helpers import check_plan
-from tests.kn_graph.onnx.nn_helpers import assert_close, onnxruntime, rand
-from tests.kn_graph.onnx.rnn_helpers import IN, B, check_feeds, recurrences, recurrent_model
+from tests.kn_graph.onnx.nn_helpers import assert_close, onnxruntime
+from tests.kn_graph.onnx.rnn_helpers import (
+    check_feeds,
+    recurrences,
+    recurrent_model,
+    sequence,
+)
 
 T = RNN_MAX_UNROLL + 4
 """Longer than what is unrolled: the recurrence kind runs it."""
@@ -47,7 +52,7 @@ def _acts(names: list[str]) -> dict[str, object]:
 def test_rnn_every_activation(act: str) -> None:
     """Forward and reverse each with the activation (alpha/beta not the defaults)."""
     model = recurrent_model("RNN", "bidirectional", T, attrs=_acts([act, act]))
-    g = check_feeds(model, [{"x": rand(T, B, IN)}])
+    g = check_feeds(model, [{"x": sequence(T)}])
     assert recurrences(g) == 2
 
 
@@ -56,9 +61,9 @@ def test_gru_and_lstm_with_the_activation_as_candidate_function(act: str) -> Non
     """The activation as the candidate's g (and LSTM's h); the gates' f is HardSigmoid (a gate
     outside [0, 1] makes the state grow without bound or amplify rounding exponentially)."""
     gru = recurrent_model("GRU", "forward", T, attrs=_acts(["HardSigmoid", act]))
-    assert recurrences(check_feeds(gru, [{"x": rand(T, B, IN)}])) == 1
+    assert recurrences(check_feeds(gru, [{"x": sequence(T)}])) == 1
     lstm = recurrent_model("LSTM", "reverse", T, attrs=_acts(["HardSigmoid", act, act]))
-    assert recurrences(check_feeds(lstm, [{"x": rand(T, B, IN)}])) == 1
+    assert recurrences(check_feeds(lstm, [{"x": sequence(T)}])) == 1
 
 
 @pytest.mark.parametrize(
@@ -75,21 +80,21 @@ def test_clip_and_linear_before_reset(op: str, extra: dict[str, object]) -> None
     """Large inputs, so that the clip bites; linear_before_reset only exists on GRU."""
     attrs: dict[str, object] = {"clip": 0.7, **extra}
     model = recurrent_model(op, "bidirectional", T, attrs=attrs)
-    g = check_feeds(model, [{"x": rand(T, B, IN) * 3}])
+    g = check_feeds(model, [{"x": sequence(T, scale=3)}])
     assert recurrences(g) == 2
 
 
 def test_gru_linear_before_reset_without_clip() -> None:
     model = recurrent_model("GRU", "reverse", "seq", attrs={"linear_before_reset": 1})
-    g = check_feeds(model, [{"x": rand(n, B, IN)} for n in (2, T)])
+    g = check_feeds(model, [{"x": sequence(n)} for n in (2, T)])
     assert recurrences(g) == 1
 
 
 def test_bidirectional_lstm_peepholes_and_sequence_lengths_from_data() -> None:
     model = recurrent_model("LSTM", "bidirectional", 40, data_lens=True, peepholes=True)
     feeds = [
-        {"x": rand(40, B, IN), "lens": np.array([40, 17, 1], np.int32)},
-        {"x": rand(40, B, IN), "lens": np.array([3, 40, 39], np.int32)},
+        {"x": sequence(40), "lens": np.array([40, 17, 1], np.int32)},
+        {"x": sequence(40), "lens": np.array([3, 40, 39], np.int32)},
     ]
     g = check_feeds(model, feeds)
     assert recurrences(g) == 2
@@ -99,11 +104,11 @@ def test_every_executor_runs_the_kind() -> None:
     """Optimized (the op carried through unchanged), through segmented plans in the plan
     emulator and on the fake CUDA device (the kind at a host point)."""
     model = recurrent_model("GRU", "bidirectional", "seq", data_lens=True)
-    g = check_feeds(model, [{"x": rand(T, B, IN), "lens": np.array([T, 5, 1], np.int32)}])
+    g = check_feeds(model, [{"x": sequence(T), "lens": np.array([T, 5, 1], np.int32)}])
     opt = optimize(g)
     assert recurrences(opt) == 2
     for n, lens in ((T, [T, 5, 1]), (3, [2, 3, 1])):
-        feed = {"x": rand(n, B, IN), "lens": np.array(lens, np.int32)}
+        feed = {"x": sequence(n), "lens": np.array(lens, np.int32)}
         want = onnxruntime(model, feed)
         assert_close(evaluate(opt, feed), want, 1e-4, 1e-5)
         assert_close(emulate_graph(opt, feed), want, 1e-4, 1e-5)
@@ -115,5 +120,5 @@ def test_float16(op: str) -> None:
     """f16 computed in f32 and rounded once per result (onnxruntime rounds per step: the
     tolerance is f16's)."""
     model = recurrent_model(op, "bidirectional", T, dtype=np.float16)
-    g = check_feeds(model, [{"x": rand(T, B, IN, dtype=np.float16)}], rtol=1e-2, atol=1e-2)
+    g = check_feeds(model, [{"x": sequence(T).astype(np.float16)}], rtol=1e-2, atol=1e-2)
     assert recurrences(g) == 2
