@@ -32,6 +32,34 @@ def _channel_vector(s: object, shape: tuple[int, ...]) -> StridedView | None:
     return StridedView(s.offset, (shape[1],), (1,), s.dtype)
 
 
+def _drop(v: StridedView, axes: list[int]) -> StridedView:
+    keep = [a for a in range(len(v.shape)) if a not in axes]
+    return StridedView(
+        v.offset, tuple(v.shape[a] for a in keep), tuple(v.strides[a] for a in keep), v.dtype
+    )
+
+
+def unit_axes(
+    x: StridedView, w: StridedView, out: StridedView, padding: tuple[int, ...]
+) -> list[int]:
+    """The spatial axes (as tensor axes, 2 on) that a convolution leaves at 1 everywhere: input,
+    kernel and output of size 1, no padding. A 1-d convolution exported as 2-d (kernel Kx1 over
+    [N, C, L, 1]) is one; dropping them runs the 1-d form, which oneDNN runs 1.9 times as fast
+    on AVX2 (a 256→512 channel, 5-tap convolution over 512 rows: 17 vs 32 ms; onnxruntime
+    14 ms). At least one spatial axis is kept."""
+    axes = [
+        2 + i
+        for i, p in enumerate(padding)
+        if p == 0 and x.shape[2 + i] == w.shape[2 + i] == out.shape[2 + i] == 1
+    ]
+    return axes[: len(padding) - 1] if len(axes) == len(padding) else axes
+
+
+def without_axes(views: list[StridedView | None], axes: list[int]) -> list[StridedView | None]:
+    """`views` (activations and filter of a convolution) without the size-1 `axes`."""
+    return [None if v is None else _drop(v, axes) for v in views]
+
+
 def conv_fusion(p: PlannerContext, chain: list[int]) -> ConvFusion:
     """Walk the chain while each link can fold: a per-channel add is the bias, a dense add of the
     full shape the residual, max with 0 the relu (which ends the chain)."""

@@ -11,6 +11,8 @@ from kn_cuda_eval import PlanSettings
 from kn_cuda_eval.cuda.kernels.dispatch import plan_launches
 from kn_cuda_eval.planning import steps
 from kn_graph import DType, Graph, ReduceOp, Shape, Size
+from kn_graph.reference import evaluate
+from kn_runtime import Device
 from tests.kn_cuda_eval.helpers import check_plan
 
 B = Size.sym("B")
@@ -126,6 +128,33 @@ def test_conv_fuses_bias_residual_relu(nd: int) -> None:
         (conv,) = [s for s in p.steps if isinstance(s, steps.Conv)]
         assert conv.bias is not None and conv.residual is not None and conv.relu, str(p)
         assert kinds(p) == ["Conv"]
+
+
+@pytest.mark.parametrize(
+    ("spatial", "kernel", "step_rank"),
+    [((12, 1), (5, 1), 3), ((1, 12), (1, 3), 3), ((1, 7, 1), (1, 3, 1), 3), ((1, 1), (1, 1), 3)],
+)
+def test_spatial_axes_left_at_one_are_dropped_from_the_step(
+    spatial: tuple[int, ...], kernel: tuple[int, ...], step_rank: int
+) -> None:
+    """A 1-d convolution exported as 2-d (or 3-d): its unit axes leave the step, which then runs
+    as the 1-d convolution it is (oneDNN's 2-d Kx1 form ran 1.9 times slower); bias, residual
+    and relu still fuse, and the result is the reference's on the emulator, the fake CUDA
+    device and Device.cpu()."""
+    g = Graph()
+    x = g.input(Shape.of(B, 4, *spatial), DType.F32, "x")
+    y = g.conv(x, g.constant(f32(6, 4, *kernel)))
+    y = g.add(y, g.view(g.constant(f32(6)), Shape.of(6, *(1,) * len(spatial))))
+    y = g.relu(g.add(y, g.input(Shape.from_seq(g.shape(y)), DType.F32, "r")))
+    g.add_output(y, "y")
+    out = [2 if d == 0 else s.eval({"B": 2}) for d, s in enumerate(g.shape(y))]
+    xs = [f32(2, 4, *spatial), f32(*out)]
+    for p in check_plan(g, xs, 2):
+        (conv,) = [s for s in p.steps if isinstance(s, steps.Conv)]
+        assert len(conv.x.shape) == len(conv.out.shape) == len(conv.w.shape) == step_rank
+        assert conv.bias is not None and conv.residual is not None and conv.relu, str(p)
+    want = evaluate(g, xs)[0]
+    np.testing.assert_allclose(Device.cpu().prepare(g).eval(xs)[0], want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("groups,dilation", [(2, 1), (4, 2), (1, 2)])
