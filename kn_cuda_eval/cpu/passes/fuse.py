@@ -50,6 +50,7 @@ ELTWISE = {
     "swish": 0x2C,
     "clip_v2": 0x2F,
     "gelu_erf": 0x31,
+    "hardswish": 0x34,
 }
 
 _UNARY = {
@@ -83,13 +84,64 @@ def _const(p: Program, i: int) -> float | None:
     return float(ins.value) if isinstance(ins, Const) else None
 
 
+def _other(ins: Bin, i: int) -> int | None:
+    """The operand of binary `ins` that is not instruction `i` (None: neither is)."""
+    return ins.b if ins.a == i else ins.a if ins.b == i else None
+
+
+def _scaled_shifted(p: Program, i: int) -> tuple[float, float] | None:
+    """(a, b) when instruction i is a·x + b of the loaded x (either operand order)."""
+    add = p.instrs[i]
+    if not (isinstance(add, Bin) and add.op is BinaryOp.ADD):
+        return None
+    for mul_i, c_i in ((add.a, add.b), (add.b, add.a)):
+        mul, b = p.instrs[mul_i], _const(p, c_i)
+        if isinstance(mul, Bin) and mul.op is BinaryOp.MUL and b is not None:
+            c = _other(mul, 0)
+            a = None if c is None else _const(p, c)
+            if a is not None:
+                return a, b
+    return None
+
+
+def _hard_swish(p: Program) -> tuple[PostOp, ...] | None:
+    """x · clamp(a·x + b, 0, 1) (ONNX HardSwish: a = 1/6, b = 1/2; MobileNetV3, PP-LCNet) as
+    oneDNN's hardswish eltwise, or None."""
+    root = p.instrs[p.roots[0]]
+    if not (isinstance(root, Bin) and root.op is BinaryOp.MUL):
+        return None
+    cur = _other(root, 0)
+    bounds: dict[BinaryOp, float] = {}
+    while cur is not None and isinstance(ins := p.instrs[cur], Bin) and ins.op in _CLAMPS:
+        if ins.op in bounds:
+            return None
+        for inner, c_i in ((ins.a, ins.b), (ins.b, ins.a)):
+            c = _const(p, c_i)
+            if c is not None:
+                bounds[ins.op], cur = c, inner
+                break
+        else:
+            return None
+    if cur is None or bounds != {BinaryOp.MAX: 0.0, BinaryOp.MIN: 1.0}:
+        return None
+    ab = _scaled_shifted(p, cur)
+    return None if ab is None else ((ELTWISE["hardswish"], ab[0], ab[1]),)
+
+
+_CLAMPS = (BinaryOp.MAX, BinaryOp.MIN)
+
+
 def post_ops(p: Program) -> tuple[PostOp, ...] | None:
     """The program as oneDNN eltwise post-ops, or None: one Load, then a chain of recognised
-    unary ops and clamps (max/min against constants) ending at the single root."""
+    unary ops and clamps (max/min against constants) ending at the single root, or a
+    hard-swish."""
     if len(p.roots) != 1 or not isinstance(p.instrs[0], Load) or p.instrs[0].arg != 0:
         return None
     if any(isinstance(ins, Load) for ins in p.instrs[1:]):
         return None
+    swish = _hard_swish(p)
+    if swish is not None:
+        return swish
     out: list[PostOp] = []
     cur = 0
     lo, hi = -math.inf, math.inf

@@ -187,6 +187,7 @@ _ACTIVATIONS = {
     "tanh": lambda g, c: g.unary(UnaryOp.TANH, c),
     "gelu": lambda g, c: g.gelu(c),
     "gelu tanh": lambda g, c: g.gelu(c, "tanh"),
+    "hardswish": lambda g, c: g.mul(c, g.clamp(g.add(g.mul(c, 1.0 / 6.0), 0.5), 0.0, 1.0)),
 }
 
 

@@ -366,7 +366,18 @@ def test_activation_programs_map_to_oneDNN_eltwise_ops() -> None:
         (E["gelu_erf"], 0.0, 0.0),
         (E["clip_v2"], -np.inf, 2.0),
     )
+    # ONNX HardSwish: x · clamp(x/6 + 1/2, 0, 1), the clamp's two sides in either order
+    hswish = _prog(ld, Const(1 / 6, F32), Bin(BinaryOp.MUL, 0, 1, F32), Const(0.5, F32),
+                   Bin(BinaryOp.ADD, 3, 2, F32), Const(1.0, F32), Bin(BinaryOp.MIN, 4, 5, F32),
+                   Const(0.0, F32), Bin(BinaryOp.MAX, 7, 6, F32),
+                   Bin(BinaryOp.MUL, 8, 0, F32))  # fmt: skip
+    assert fuse.post_ops(hswish) == ((E["hardswish"], 1 / 6, 0.5),)  # type: ignore[arg-type]
+    not_hswish = _prog(ld, Const(1 / 6, F32), Bin(BinaryOp.MUL, 0, 1, F32), Const(0.5, F32),
+                       Bin(BinaryOp.ADD, 3, 2, F32), Const(6.0, F32), Bin(BinaryOp.MIN, 4, 5, F32),
+                       Const(0.0, F32), Bin(BinaryOp.MAX, 7, 6, F32),
+                       Bin(BinaryOp.MUL, 8, 0, F32))  # fmt: skip
     for bad in (
+        not_hswish,  # clamped to [0, 6], not [0, 1]: not a hard-swish
         _prog(ld, Un(UnaryOp.EXP, 0, F32)),  # not one oneDNN post-op here
         _prog(ld, Load(1, F32), Bin(BinaryOp.MAX, 0, 1, F32)),  # a second operand
         _prog(ld, Const(1.0, F32), Bin(BinaryOp.ADD, 0, 1, F32)),
