@@ -189,16 +189,20 @@ class PreparedGraph:
 
     def profile(self, inputs: Inputs) -> Any:
         """Per-step device times of one evaluation (`kn_cuda_eval.planning.profile.Profile`):
-        the CPU backend and CUDA devices."""
+        the CPU backend and CUDA devices; a graph with data-dependent ops gets one row per
+        segment and host point (wall time), as it runs in segments."""
         if self._specializing is not None:
             prepared, rest = self._specializing.pick(inputs)
             return prepared.profile(rest)
         if self._direct is not None:
             return self._direct.profile(inputs)
-        if self._runner is not None:
-            raise KnError(
-                "profiling a graph with data-dependent ops (run in segments) is not supported"
-            )
+        if self._runner is not None:  # per stage: segments and host points, wall time
+            from kn_cuda_eval.planning.profile import Profile, ProfileRow
+
+            rows: list[ProfileRow] = []
+            with self._lock:
+                self._runner.run(self.graph, inputs, self.batch_size, timings=rows)
+            return Profile(f"{self.device}, in segments and host points (wall time)", tuple(rows))
         with self._lock:
             return self.executor(bind_shapes(self.graph, inputs, self.batch_size)).profile(inputs)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from kn_cuda_eval.planning.cache import BindingCache, binding_key
+from kn_cuda_eval.planning.profile import ProfileRow
 from kn_graph.binding import bind_shapes, inputs_in_order
 from kn_graph.dynamic import bind_results, outer_bindings, run_dynamic
 from kn_graph.errors import EvaluationError, KnError
@@ -216,6 +218,7 @@ class SegmentedRunner:
     _splits: dict[int, SegmentedGraph] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _bound_memo: dict[tuple, dict[str, int]] = field(default_factory=dict)
+    _timings: list[ProfileRow] | None = None  # while profiling: the rows of nested runs too
 
     def segmented(self, graph: Graph) -> SegmentedGraph:
         with self._lock:
@@ -232,31 +235,46 @@ class SegmentedRunner:
         *,
         host_outputs: bool = True,
         known: Mapping[str, int] | None = None,
+        timings: list[ProfileRow] | None = None,
     ) -> list[Any]:
         """Evaluate `graph` on `inputs` (a list in input order or a name map; NumPy or device
         arrays). Outputs are NumPy arrays, or with `host_outputs=False` where they were made
-        (device arrays from segments, NumPy arrays from host points)."""
+        (device arrays from segments, NumPy arrays from host points). `timings` gets one row
+        per stage: its wall time (a segment's, its device's calls included)."""
         bindings = bind_shapes(graph, inputs, batch_size, known)
         env: dict[int, Any] = {}
         for v, a in zip(graph.inputs, inputs_in_order(graph.input_names, inputs), strict=True):
             env[v.index] = a
-        for stage in self.segmented(graph).stages:
+        for n, stage in enumerate(self.segmented(graph).stages):
+            t0 = time.perf_counter()
             if isinstance(stage, Segment):
                 binds = {k: bindings[k] for k in stage.symbols}
                 outs = self.run_segment(stage, [env[i] for i in stage.inputs], binds)
                 env.update(zip(stage.outputs, outs, strict=True))
+                if timings is not None:
+                    ms = (time.perf_counter() - t0) * 1e3
+                    timings.append(ProfileRow(n, "segment", f"{len(stage.graph)} values", ms))
                 continue
             op = stage.op
             args = [_to_host(self._value(graph, env, x)) for x in op.args]
+            prev, nested = self._timings, len(timings) if timings is not None else 0
+            self._timings = timings
             try:
                 results = run_dynamic(op, args, bindings, self._run_subgraph)
                 new = self._bound(graph, stage, results, bindings)
             except KnError as e:
                 where = graph.format_value(graph.value(stage.results[0][0]))
                 raise type(e)(f"while computing {where}: {e}") from e
+            finally:
+                self._timings = prev
             bindings = new
             for i, j in stage.results:
                 env[i] = results[j]
+            if timings is not None:  # its own time: the stages of its subgraphs have rows
+                name = graph[graph.value(stage.results[0][0])].debug_name or op.kind
+                inner = sum(r.ms for r in timings[nested:])
+                ms = (time.perf_counter() - t0) * 1e3 - inner
+                timings.append(ProfileRow(n, f"host {op.kind}", name, ms))
         outs = [self._value(graph, env, v) for v in graph.outputs]
         return [np.array(_to_host(o)) for o in outs] if host_outputs else outs
 
@@ -290,7 +308,8 @@ class SegmentedRunner:
         self, graph: Graph, inputs: list[np.ndarray], bindings: Mapping[str, int]
     ) -> list[np.ndarray]:
         known = outer_bindings(graph, bindings)
-        return [_to_host(o) for o in self.run(graph, inputs, known=known)]
+        outs = self.run(graph, inputs, known=known, timings=self._timings)
+        return [_to_host(o) for o in outs]
 
     @staticmethod
     def _value(graph: Graph, env: Mapping[int, Any], v: Value) -> Any:

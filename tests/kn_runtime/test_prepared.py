@@ -152,3 +152,44 @@ def test_bindings_are_remembered_per_shape_and_guards_still_refuse_every_time() 
     for b in range(1, BINDING_MEMO + 8):
         assert ref.check_inputs([np.zeros((b, 3), np.float32)]) == {"B": b}
     assert 0 < len(free.binding_memo) <= BINDING_MEMO
+
+
+def _loop_model() -> bytes:
+    """s <- relu(s * 0.5 + x), M times (M an input: a data-dependent trip count)."""
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [
+            helper.make_node("Mul", ["s_in", "half"], ["h"]),
+            helper.make_node("Add", ["h", "x"], ["a"]),
+            helper.make_node("Relu", ["a"], ["s_out"]),
+            helper.make_node("Identity", ["c_in"], ["c_out"]),
+        ],
+        "body",
+        [vi("i", TensorProto.INT64, []), vi("c_in", TensorProto.BOOL, []), vi("s_in", 1, [4])],
+        [vi("c_out", TensorProto.BOOL, []), vi("s_out", 1, [4])],
+        [helper.make_tensor("half", 1, [], [0.5])],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "s0"], ["s"], body=body)],
+        "g",
+        [vi("M", TensorProto.INT64, []), vi("s0", 1, [4]), vi("x", 1, [4])],
+        [vi("s", 1, [4])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_a_graph_run_in_segments_profiles_each_segment_and_host_point() -> None:
+    """Data-dependent graphs used to refuse `profile`; now a row per stage, wall time, the
+    stages of a Loop's body once per iteration and the host point's own time apart."""
+    import onnxruntime as ort
+
+    model = _loop_model()
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    feed = {"M": np.array(3), "s0": np.zeros(4, np.float32), "x": x}
+    p = Device.cpu(threads=1).prepare(load_onnx(model))
+    (want,) = ort.InferenceSession(model).run(None, feed)
+    np.testing.assert_allclose(p.eval(feed)[0], want, rtol=1e-6)
+    prof = p.profile(feed)
+    kinds = [r.kind for r in prof.rows]
+    assert kinds.count("host loop") == 1 and kinds.count("segment") >= 3, prof
+    assert all(r.ms >= 0 for r in prof.rows) and "by kind" in prof.table()
