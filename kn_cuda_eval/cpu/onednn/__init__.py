@@ -34,6 +34,7 @@ from kn_cuda_eval.cpu.onednn.lib import (
     OnednnError,
     OnednnUnavailableError,
     available,
+    has_avx512,
     load_dnnl,
 )
 from kn_cuda_eval.cpu.onednn.memory import PackedWeights, Packing, Workspace
@@ -64,6 +65,7 @@ __all__ = [
     "conv_desc",
     "conv_runner",
     "gemm_runner",
+    "has_avx512",
     "load_dnnl",
     "omp_thread_setter",
     "probe_post_ops",

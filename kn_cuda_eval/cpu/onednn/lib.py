@@ -44,6 +44,7 @@ __all__ = [
     "OnednnUnavailableError",
     "available",
     "engine",
+    "has_avx512",
     "load_dnnl",
     "search",
 ]
@@ -314,6 +315,19 @@ def available() -> str | None:
     except EvaluationError as e:
         return str(e)
     return None
+
+
+ISA_AVX512_BIT = 0x20
+"""Set in every `dnnl_cpu_isa_t` from `dnnl_cpu_isa_avx512_core` (0x27) up; clear in the AVX2
+ones (avx2 0x7, avx2_vnni 0xf, avx2_vnni_2 0x1f)."""
+
+
+def has_avx512() -> bool | None:
+    """Whether oneDNN runs AVX-512 kernels here (`dnnl_get_effective_cpu_isa`: the CPU's ISA
+    as `ONEDNN_MAX_CPU_ISA` caps it); None when oneDNN is not usable."""
+    if available() is not None:
+        return None
+    return bool(int(load_dnnl().fn("dnnl_get_effective_cpu_isa")()) & ISA_AVX512_BIT)
 
 
 @functools.cache

@@ -10,6 +10,9 @@ against the reference executor; where oneDNN is missing, the same graphs check t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +20,7 @@ import pytest
 
 from kn_cuda_eval import plan
 from kn_cuda_eval.cpu import onednn
-from kn_cuda_eval.cpu.executor import HostExecutor
+from kn_cuda_eval.cpu.executor import HostExecutor, chain_layout
 from kn_cuda_eval.cpu.passes import layouts
 from kn_cuda_eval.planning import steps as st
 from kn_graph import DType, Graph, ReduceOp, UnaryOp
@@ -297,9 +300,30 @@ def test_blocked_chains_match_the_reference(case: str, optimized: bool) -> None:
     assert bool(ex.blocked) == HAVE, (case, ex.blocked)
     if HAVE:
         assert any("blocked" in n for n in ex.names), ex.names
-    if HAVE and case == "squeeze and excitation":  # the depthwise output stays channels-last
+    if HAVE and case == "squeeze and excitation":
+        # channels last (AVX-512) is a permutation the pooling reads in place: the depthwise
+        # output stays in it; nChw8c (AVX2) is not, so that output is written plain
+        want = "x,out blocked" if chain_layout() == "nhwc" else "(x blocked)"
         dw = [k for k, s in enumerate(ex.steps) if isinstance(s, st.Conv) and s.groups > 1]
-        assert dw and all("x,out blocked" in ex.names[k] for k in dw), ex.names
+        assert dw and all(want in ex.names[k] for k in dw), ex.names
+
+
+def test_the_chain_layout_follows_the_vector_width_onednn_reports() -> None:
+    """nChw8c where oneDNN runs AVX2 kernels (asked of the library, as ONEDNN_MAX_CPU_ISA caps
+    it, never assumed from this machine), channels last where it runs AVX-512."""
+    if not HAVE:
+        assert onednn.has_avx512() is None and chain_layout() == "nhwc"
+        return
+    assert chain_layout() == ("nhwc" if onednn.has_avx512() else "c8")
+    code = (
+        "from kn_cuda_eval.cpu import onednn\n"
+        "from kn_cuda_eval.cpu.executor import chain_layout\n"
+        "print(onednn.has_avx512(), chain_layout())\n"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "c8"]
 
 
 def test_resnet_fixture_runs_every_block_in_oneDNN_layout() -> None:
@@ -321,12 +345,13 @@ def test_resnet_fixture_runs_every_block_in_oneDNN_layout() -> None:
         # every convolution reads its input blocked but the stem and maybe the first after
         # the max pool, and all but the last write blocked. The pool (an elementwise max over
         # shifted views of the stem's plain output) writes channels-last as a strided writer
-        # at batch 1; at batch 3 its view merges N and C, which channels-last cannot express
+        # at batch 1; at batch 3 its view merges N and C, which channels-last cannot express,
+        # and nChw8c (the AVX2 chain layout) is no permutation a strided writer can take
         assert "x" not in ex.blocked.get(convs[0], ())
         assert all("x" in ex.blocked.get(k, ()) for k in convs[2:]), ex.blocked
         assert all("out" in ex.blocked.get(k, ()) for k in convs[1:-1]), ex.blocked
         pooled = "x" in ex.blocked.get(convs[1], ())
-        assert pooled == (binds.get("B") == 1), (binds, ex.blocked)
+        assert pooled == (binds.get("B") == 1 and chain_layout() == "nhwc"), (binds, ex.blocked)
         # every residual is read blocked, the first block's (the pool's output) as conv 1 is
         residuals = [k for k in convs if steps[k].residual is not None]
         assert len(residuals) > 2 and ("residual" in ex.blocked[residuals[0]]) == pooled
