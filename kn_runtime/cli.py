@@ -3,7 +3,8 @@ given inputs, and print output shapes, a checksum, and three times: prepare (pla
 steps, oneDNN primitives and packed weights, or CUDA kernels: what onnxruntime's session creation
 does), the first evaluation, and the steady state (the median of later evaluations: a few, or
 --runs with --bench); on a CUDA device also the difference from the CPU executor, and with
---profile the device time of every step.
+--profile the time of every step (of every segment and host point, for a graph with
+data-dependent ops).
 
     kn-run                       # the embedded default model
     kn-run model.onnx --batch 4 --bench
@@ -153,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-optimize", action="store_true", help="run the graph as loaded")
     ap.add_argument("--print-graph", action="store_true", help="print the graph")
     ap.add_argument(
-        "--profile", action="store_true", help="print device time per step (CUDA devices)"
+        "--profile",
+        action="store_true",
+        help="print the time of every step (CPU backend and CUDA; a graph with data-dependent ops: "
+        "of every segment and host point)",
     )
     ap.add_argument(
         "--no-check", action="store_true", help="on CUDA, skip the comparison with the CPU executor"
