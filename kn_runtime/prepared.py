@@ -149,7 +149,7 @@ class PreparedGraph:
         from kn_cuda_eval.planning.cache import binding_key
 
         graph = seg.graph
-        fresh = binding_key(bindings) not in self.cache.keys(graph.id)
+        fresh = not self.cache.has(graph.id, binding_key(bindings))
         if fresh and self._churning(graph, bindings):
             from kn_graph.reference import evaluate
 

@@ -86,6 +86,12 @@ class BindingCache(Generic[E]):
                 self._entries.pop(old).close()
             return entry
 
+    def has(self, group: Hashable, key: Hashable) -> bool:
+        """Whether `get(group, key, ...)` would return a kept entry without making one."""
+        with self._lock:
+            entry = self._entries.get((group, key))
+            return entry is not None and not entry.stale
+
     def keys(self, group: Hashable) -> list[Hashable]:
         """The keys kept in `group`, least recently used first."""
         with self._lock:

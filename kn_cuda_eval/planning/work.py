@@ -5,6 +5,8 @@ threads runs on one, since waking a pool costs more than it saves."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from kn_cuda_eval.planning import steps as st
 
 __all__ = ["plan_work", "step_work"]
@@ -27,6 +29,6 @@ def step_work(s: object) -> int:
             return sum(v.numel for v in views)
 
 
-def plan_work(plan_steps: object) -> int:
+def plan_work(plan_steps: Iterable[object]) -> int:
     """Operations of every step of a plan (`plan.steps`)."""
-    return sum(step_work(s) for s in plan_steps)  # type: ignore[attr-defined]
+    return sum(step_work(s) for s in plan_steps)

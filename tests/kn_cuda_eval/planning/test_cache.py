@@ -40,7 +40,9 @@ def test_least_recently_used_first_out_per_group_and_closed() -> None:
 def test_stale_entries_are_rebuilt_and_dropped_when_anything_is_built() -> None:
     cache: BindingCache[Entry] = BindingCache(8)
     one, two = _get(cache, "g", 1), _get(cache, "g", 2)
+    assert cache.has("g", (("B", 1),)) and not cache.has("g", (("B", 5),))
     one.stale = two.stale = True
+    assert not cache.has("g", (("B", 1),))  # `get` would build it again
     again = _get(cache, "g", 1)
     assert again is not one and one.closed
     assert two.closed and cache.keys("g") == [(("B", 1),)]  # went with the new build
