@@ -43,8 +43,8 @@ SMALL_SEGMENT_ELEMENTS = 1 << 20
 """A segment of a data-dependent graph that keeps meeting new sizes (a decoder Loop's body,
 whose sequence grows by one per step) runs on the NumPy reference once more distinct bindings
 have been planned for it than the cache keeps, while all its values together hold at most this
-many elements: planning and compiling a size seen once costs ~10 ms, far more than running a
-small segment once (a 501-step OCR decoder: 17 ms per step planned, under 1 ms in NumPy)."""
+many elements: planning and compiling a size seen once costs more than running a small segment
+once (a 501-step decoder loop: 8.4 s with every step planned, 2.7 s so; onnxruntime 0.08 s)."""
 
 
 class PreparedGraph:

@@ -39,25 +39,47 @@ def _drop(v: StridedView, axes: list[int]) -> StridedView:
     )
 
 
-def unit_axes(
-    x: StridedView, w: StridedView, out: StridedView, padding: tuple[int, ...]
-) -> list[int]:
-    """The spatial axes (as tensor axes, 2 on) that a convolution leaves at 1 everywhere: input,
-    kernel and output of size 1, no padding. A 1-d convolution exported as 2-d (kernel Kx1 over
-    [N, C, L, 1]) is one; dropping them runs the 1-d form, which oneDNN runs 1.9 times as fast
-    on AVX2 (a 256→512 channel, 5-tap convolution over 512 rows: 17 vs 32 ms; onnxruntime
-    14 ms). At least one spatial axis is kept."""
-    axes = [
-        2 + i
-        for i, p in enumerate(padding)
-        if p == 0 and x.shape[2 + i] == w.shape[2 + i] == out.shape[2 + i] == 1
-    ]
-    return axes[: len(padding) - 1] if len(axes) == len(padding) else axes
+@dataclass(frozen=True, slots=True)
+class ConvViews:
+    """What a Conv step reads and writes, and its geometry, as the step will have them."""
+
+    x: StridedView
+    w: StridedView
+    residual: StridedView | None
+    out: StridedView
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
 
 
-def without_axes(views: list[StridedView | None], axes: list[int]) -> list[StridedView | None]:
-    """`views` (activations and filter of a convolution) without the size-1 `axes`."""
-    return [None if v is None else _drop(v, axes) for v in views]
+def without_unit_axes(c: ConvViews) -> ConvViews:
+    """`c` without the spatial axes the convolution leaves at 1 everywhere (input, kernel and
+    output of size 1, no padding), at least one spatial axis kept. A 1-d convolution exported as
+    2-d (kernel Kx1 over [N, C, L, 1]) then runs as the 1-d one it is, which oneDNN runs 1.9
+    times as fast on AVX2 (a 256 to 512 channel, 5-tap convolution over 512 rows: 17 vs 32 ms;
+    onnxruntime 14 ms)."""
+    unit = [
+        i
+        for i, p in enumerate(c.padding)
+        if p == 0 and c.x.shape[2 + i] == c.w.shape[2 + i] == c.out.shape[2 + i] == 1
+    ][: len(c.padding) - 1]
+    if not unit:
+        return c
+    axes = [2 + i for i in unit]
+    keep = [i for i in range(len(c.padding)) if i not in unit]
+
+    def geometry(t: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(t[i] for i in keep)
+
+    return ConvViews(
+        _drop(c.x, axes),
+        _drop(c.w, axes),
+        None if c.residual is None else _drop(c.residual, axes),
+        _drop(c.out, axes),
+        geometry(c.stride),
+        geometry(c.padding),
+        geometry(c.dilation),
+    )
 
 
 def conv_fusion(p: PlannerContext, chain: list[int]) -> ConvFusion:

@@ -37,7 +37,7 @@ from kn_cuda_eval.planning.assign import (
 )
 from kn_cuda_eval.planning.attnplan import plan_attention
 from kn_cuda_eval.planning.context import State
-from kn_cuda_eval.planning.convplan import conv_fusion, unit_axes, without_axes
+from kn_cuda_eval.planning.convplan import ConvViews, conv_fusion, without_unit_axes
 from kn_cuda_eval.planning.gemm import plan_gemm
 from kn_cuda_eval.planning.lazy import Lazy, combine
 from kn_cuda_eval.planning.memory import BufferKind, human_bytes
@@ -588,27 +588,19 @@ class Planner:
         x = self.dense(self.mat(op.x.index), self.name(op.x.index))
         w = self.dense(self.mat(op.w.index), self.name(op.w.index))
         d = op.details
-        stride, padding, dilation = d.stride, d.padding, d.dilation
-        unit = unit_axes(x, w, out, padding)
-        sx, sw, sres, sout = x, w, fused.residual, out  # the step's views; `out` is the value's
-        if unit:
-            sx, sw, sres, sout = without_axes([x, w, fused.residual, out], unit)  # type: ignore[assignment]
-            keep = [i for i in range(len(stride)) if 2 + i not in unit]
-            stride, padding, dilation = (
-                tuple(t[i] for i in keep) for t in (d.stride, d.padding, d.dilation)
-            )
+        # the step's views (`out` stays the value's, with every axis)
+        c = without_unit_axes(ConvViews(x, w, fused.residual, out, d.stride, d.padding, d.dilation))
         if out.numel > 0:
-            assert sx is not None and sw is not None and sout is not None
             self.steps.append(
                 st.Conv(
-                    sx,
-                    sw,
+                    c.x,
+                    c.w,
                     fused.bias,
-                    sres,
-                    sout,
-                    stride,
-                    padding,
-                    dilation,
+                    c.residual,
+                    c.out,
+                    c.stride,
+                    c.padding,
+                    c.dilation,
                     d.groups,
                     fused.relu,
                 )
