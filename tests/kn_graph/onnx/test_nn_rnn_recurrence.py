@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from kn_cuda_eval.planning.segments import emulate_graph
+from kn_graph.onnx import load_onnx
 from kn_graph.onnx.handlers.rnn_steps import RNN_MAX_UNROLL
 from kn_graph.optimizer import optimize
 from kn_graph.recurrence import ACTIVATIONS
 from kn_graph.reference import evaluate
+from kn_runtime import Device
 from tests.kn_cuda_eval.helpers import check_plan
 from tests.kn_graph.onnx.nn_helpers import assert_close, onnxruntime
 from tests.kn_graph.onnx.rnn_helpers import (
@@ -122,3 +124,26 @@ def test_float16(op: str) -> None:
     model = recurrent_model(op, "bidirectional", T, dtype=np.float16)
     g = check_feeds(model, [{"x": sequence(T).astype(np.float16)}], rtol=1e-2, atol=1e-2)
     assert recurrences(g) == 2
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_a_nan_in_one_row_stays_in_that_row(op: str) -> None:
+    """NaN at step 3 of batch row 1: that row is NaN in both directions' outputs and states, the
+    other rows equal onnxruntime's, on the reference and Device.cpu() alike. onnxruntime agrees
+    for RNN; its GRU and LSTM kernels clamp the gates' inputs before their sigmoid and tanh, so
+    NaN becomes a finite number there: we keep NaN, as the reference does everywhere."""
+    x = sequence(T)
+    x[3, 1, 0] = np.nan
+    model = recurrent_model(op, "bidirectional", T)
+    g = load_onnx(model)
+    assert recurrences(g) == 2
+    want = onnxruntime(model, {"x": x})
+    ref = evaluate(g, {"x": x})
+    cpu = Device.cpu().prepare(g).eval({"x": x})
+    for a, b, w in zip(ref, cpu, want, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)  # NaN where the other has NaN
+        axis = a.ndim - 2  # the batch axis: Y [T, D, B, H], Y_h and Y_c [D, B, H]
+        assert np.isnan(np.take(a, 1, axis)).any() and not np.isnan(np.delete(a, 1, axis)).any()
+        np.testing.assert_allclose(np.delete(a, 1, axis), np.delete(w, 1, axis), 1e-4, 1e-5)
+        if op == "RNN":
+            np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-5)
