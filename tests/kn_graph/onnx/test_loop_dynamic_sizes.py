@@ -260,6 +260,8 @@ _CASES: list[tuple[str, dict[str, object], np.ndarray, np.ndarray]] = [
     ("Range", {}, np.array([0, 5, 1]), np.zeros(0, np.float32)),
     ("Range", {}, np.array([5, 0, -2]), np.zeros(0, np.float32)),
     ("Range", {}, np.array([1, -4, 1]), np.zeros(0, np.float32)),  # empty
+    ("Range", {}, np.array([2**63 - 4, 2**63 - 1, 1]), np.zeros(0, np.float32)),  # int64 top
+    ("Range", {}, np.array([-(2**63) + 3, -(2**63), -1]), np.zeros(0, np.float32)),  # bottom
     ("Range", {}, np.array([0.5, 3.0, 0.75], np.float32), np.zeros(0, np.float32)),
     ("ConstantOfShape", {"value": helper.make_tensor("v", I64, [1], [3])}, np.array([2, 3]), None),
     ("ConstantOfShape", {}, np.array([0, 4]), None),
