@@ -476,6 +476,21 @@ class HostExecutor:
         return EvaluationError(f"step {k} ({s.describe()[:200]}): {type(e).__name__}: {e}")
 
     def _load(self, inputs: Inputs) -> None:
+        arrays = inputs.values() if isinstance(inputs, Mapping) else inputs
+        views = self._inputs
+        if (isinstance(inputs, Mapping) and tuple(inputs) != self.plan.input_names) or len(
+            arrays
+        ) != len(views):
+            arrays = plan_inputs(self.plan, inputs)  # by name in another order, or its error
+        for view, a in zip(views, arrays, strict=True):
+            if type(a) is not np.ndarray or a.shape != view.shape or a.dtype != view.dtype:
+                return self._load_checked(inputs)
+        for view, a in zip(views, arrays, strict=True):
+            if view.size:
+                np.copyto(view, a)
+        return None
+
+    def _load_checked(self, inputs: Inputs) -> None:
         for view, a in zip(self._inputs, plan_inputs(self.plan, inputs), strict=True):
             if view.size:
                 np.copyto(view, a)

@@ -63,6 +63,9 @@ class BindingCache(Generic[E]):
         )
         self.built = 0
         """Entries made, those built again after going stale or being evicted included."""
+        self.dropped = 0
+        """Entries let go of (stale, evicted, cleared): a caller that remembers an entry outside
+        the cache (`PreparedGraph`'s last executor) trusts it while this has not moved."""
         self._lock = threading.RLock()
 
     def get(self, group: Hashable, key: Hashable, make: Callable[[], E]) -> E:
@@ -71,7 +74,7 @@ class BindingCache(Generic[E]):
             k = (group, key)
             entry = self._entries.get(k)
             if entry is not None and entry.stale:
-                self._entries.pop(k).close()
+                self._drop(k)
                 entry = None
             if entry is not None:
                 self._entries.move_to_end(k)
@@ -79,12 +82,16 @@ class BindingCache(Generic[E]):
             entry = make()
             self.built += 1
             for old in [o for o, e in self._entries.items() if e.stale]:
-                self._entries.pop(old).close()
+                self._drop(old)
             self._entries[k] = entry
             in_group = [o for o in self._entries if o[0] == group]
             for old in in_group[: max(0, len(in_group) - self.max_bindings)]:
-                self._entries.pop(old).close()
+                self._drop(old)
             return entry
+
+    def _drop(self, k: tuple[Hashable, Hashable]) -> None:
+        self.dropped += 1
+        self._entries.pop(k).close()
 
     def has(self, group: Hashable, key: Hashable) -> bool:
         """Whether `get(group, key, ...)` would return a kept entry without making one."""
@@ -108,4 +115,5 @@ class BindingCache(Generic[E]):
         """Close and drop every entry."""
         with self._lock:
             while self._entries:
+                self.dropped += 1
                 self._entries.popitem(last=False)[1].close()

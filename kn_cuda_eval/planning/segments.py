@@ -42,7 +42,7 @@ import numpy as np
 from kn_cuda_eval.planning.cache import BindingCache, binding_key
 from kn_cuda_eval.planning.profile import ProfileRow
 from kn_graph.binding import bind_shapes, inputs_in_order
-from kn_graph.dynamic import bind_results, outer_bindings, run_dynamic
+from kn_graph.dynamic import bind_results, run_dynamic
 from kn_graph.errors import EvaluationError, KnError
 from kn_graph.graph import Graph
 from kn_graph.ops import Constant, Dynamic, Input, Slice, Value
@@ -218,6 +218,8 @@ class SegmentedRunner:
     _splits: dict[int, SegmentedGraph] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _bound_memo: dict[tuple, dict[str, int]] = field(default_factory=dict)
+    _bind_memo: dict[tuple, dict[str, int]] = field(default_factory=dict)
+    _used: dict[int, frozenset[str]] = field(default_factory=dict)  # a subgraph's input symbols
     _timings: list[ProfileRow] | None = None  # while profiling: the rows of nested runs too
 
     def segmented(self, graph: Graph) -> SegmentedGraph:
@@ -241,9 +243,10 @@ class SegmentedRunner:
         arrays). Outputs are NumPy arrays, or with `host_outputs=False` where they were made
         (device arrays from segments, NumPy arrays from host points). `timings` gets one row
         per stage: its wall time (a segment's, its device's calls included)."""
-        bindings = bind_shapes(graph, inputs, batch_size, known)
+        arrays = inputs_in_order(graph.input_names, inputs)
+        bindings = self._bind(graph, arrays, batch_size, known)
         env: dict[int, Any] = {}
-        for v, a in zip(graph.inputs, inputs_in_order(graph.input_names, inputs), strict=True):
+        for v, a in zip(graph.inputs, arrays, strict=True):
             env[v.index] = a
         for n, stage in enumerate(self.segmented(graph).stages):
             t0 = time.perf_counter()
@@ -278,6 +281,35 @@ class SegmentedRunner:
         outs = [self._value(graph, env, v) for v in graph.outputs]
         return [np.array(_to_host(o)) for o in outs] if host_outputs else outs
 
+    def _bind(
+        self,
+        graph: Graph,
+        arrays: list[Any],
+        batch_size: int | None,
+        known: Mapping[str, int] | None,
+    ) -> dict[str, int]:
+        """`bind_shapes`, remembered per graph and input shapes and dtypes (NumPy inputs only):
+        a graph called again and again at one shape (a VAD per chunk, an If's branch per call)
+        skips the checks it passed already."""
+        if not all(type(a) is np.ndarray for a in arrays):
+            return bind_shapes(graph, arrays, batch_size, known)
+        key = (
+            graph.id,
+            batch_size,
+            *((a.shape, a.dtype) for a in arrays),
+            *(known.items() if known else ()),
+        )
+        with self._lock:
+            hit = self._bind_memo.get(key)
+        if hit is not None:
+            return dict(hit)
+        bindings = bind_shapes(graph, arrays, batch_size, known)
+        with self._lock:
+            if len(self._bind_memo) >= BOUND_MEMO:
+                self._bind_memo.clear()
+            self._bind_memo[key] = dict(bindings)
+        return bindings
+
     def _bound(
         self,
         graph: Graph,
@@ -307,7 +339,11 @@ class SegmentedRunner:
     def _run_subgraph(
         self, graph: Graph, inputs: list[np.ndarray], bindings: Mapping[str, int]
     ) -> list[np.ndarray]:
-        known = outer_bindings(graph, bindings)
+        used = self._used.get(graph.id)
+        if used is None:
+            used = frozenset().union(*(graph[v].shape.symbols for v in graph.inputs))
+            self._used[graph.id] = used  # what `outer_bindings` keeps
+        known = {k: v for k, v in bindings.items() if k in used}
         outs = self.run(graph, inputs, known=known, timings=self._timings)
         return [_to_host(o) for o in outs]
 

@@ -154,6 +154,67 @@ def test_bindings_are_remembered_per_shape_and_guards_still_refuse_every_time() 
     assert 0 < len(free.binding_memo) <= BINDING_MEMO
 
 
+def test_a_repeated_call_reuses_its_executor_until_the_cache_lets_go_of_it() -> None:
+    """The last call's executor is reused for inputs of the same shapes and dtypes (no binding,
+    no lookup), never once the cache closed it (evicted, stale, close()), and every input is
+    still checked: a wrong dtype, a missing name, names in another order, a strided view."""
+    from kn_graph.errors import InputMismatchError
+
+    g = Graph()
+    x = g.input(Shape.of(Size.sym("B"), 3), DType.F32, "x")
+    w = g.input(Shape.of(3), DType.F32, "w")
+    g.add_output(g.relu(g.mul(x, w)), "y")
+    p = Device.cpu(threads=1).prepare(g, max_bindings=1)
+    wv = np.array([1.0, -2.0, 3.0], np.float32)
+
+    def want(a: np.ndarray) -> np.ndarray:
+        return np.maximum(a * wv, 0)
+
+    for b in (2, 2, 3, 2, 2):  # max_bindings=1: each change of B evicts the other executor
+        np.testing.assert_array_equal(p.eval([_x(b), wv])[0], want(_x(b)))
+        np.testing.assert_array_equal(p.eval({"w": wv, "x": _x(b)})[0], want(_x(b)))
+    assert p.cache.built == 3 and len(p.cache) == 1
+    strided = np.asfortranarray(_x(2))
+    np.testing.assert_array_equal(p.eval([strided, wv])[0], want(_x(2)))
+    with pytest.raises(InputMismatchError, match="dtype"):
+        p.eval([_x(2).astype(np.float64), wv])
+    with pytest.raises(InputMismatchError, match="missing"):
+        p.eval({"x": _x(2)})
+    p.cache.clear()  # the executor remembered is closed by its cache: built again
+    np.testing.assert_array_equal(p.eval([_x(2), wv])[0], want(_x(2)))
+    p.close()
+    np.testing.assert_array_equal(p.eval([_x(2), wv])[0], want(_x(2)))
+    assert p.cache.built == 5
+
+
+def test_a_segment_met_again_at_its_last_binding_reuses_its_executor() -> None:
+    """A graph in segments (a data-dependent If): each segment's last executor is reused while
+    the cache keeps it; branches switch and shapes change without a wrong answer."""
+    vi = helper.make_tensor_value_info
+    branch = [
+        helper.make_graph([helper.make_node(op, ["x"], ["y"])], op, [], [vi("y", 1, None)])
+        for op in ("Neg", "Abs")
+    ]
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branch[0], else_branch=branch[1])
+    model = helper.make_model(
+        helper.make_graph(
+            [node],
+            "g",
+            [vi("c", TensorProto.BOOL, []), vi("x", 1, ["n"])],
+            [vi("y", 1, ["n"])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    p = Device.cpu(threads=1).prepare(load_onnx(model.SerializeToString()), max_bindings=1)
+    assert p._runner is not None
+    for c, n in ((True, 4), (True, 4), (False, 4), (False, 5), (True, 5), (True, 4)):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        for _ in range(2):
+            got = p.eval([np.array(c), x])[0]
+            np.testing.assert_array_equal(got, -x if c else np.abs(x))
+            p.cache.clear()  # every executor closed: none may be reused
+
+
 def _loop_model() -> bytes:
     """s <- relu(s * 0.5 + x), M times (M an input: a data-dependent trip count)."""
     vi = helper.make_tensor_value_info
