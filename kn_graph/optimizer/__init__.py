@@ -12,6 +12,7 @@ from kn_graph.optimizer import activations  # noqa: F401  (detect_gelu, detect_s
 from kn_graph.optimizer import attention  # noqa: F401  (registers detect_attention)
 from kn_graph.optimizer import affine  # noqa: F401  (after detection: must not eat patterns)
 from kn_graph.optimizer import clamp  # noqa: F401  (fuse_clamp)
+from kn_graph.optimizer import pool  # noqa: F401  (max_through_pool)
 
 # isort: on
 from kn_graph.optimizer.core import REWRITES, OptimizerSettings, Rewriter, optimize, rewrite

@@ -69,6 +69,8 @@ class OptimizerSettings:
     """Collapse per-channel Add/Sub/Mul/Div-by-constant chains and fold them into convolutions."""
     fuse_clamp: bool = True
     """Chains of Min/Max with scalar constants become at most one Min and one Max."""
+    max_through_pool: bool = True
+    """max(x, c) (a ReLU) whose only users are a max pool's taps moves after the pool."""
     div_to_mul: bool = True
     """Division by a constant becomes multiplication by its reciprocal."""
     detect_layernorm: bool = True
@@ -80,6 +82,9 @@ class OptimizerSettings:
     max_rounds: int = 4
     """Rebuild rounds until the value count stops shrinking."""
 
+
+_SWEEP = OptimizerSettings(**{f.name: False for f in fields(OptimizerSettings) if f.type == "bool"})
+"""No rewrite on: a round that only drops dead values."""
 
 Rewrite = Callable[["Rewriter", Value], "Value | None"]
 REWRITES: list[tuple[str, Rewrite]] = []
@@ -293,5 +298,7 @@ def optimize(graph: Graph | M, settings: OptimizerSettings | None = None) -> Gra
         g = new
         if done:
             break
+    if sum(_live(g)) < len(g):  # a rewrite that did not shrink the graph left values dead
+        g, _ = _round(g, _SWEEP)
     g.optimized = True
     return g

@@ -17,6 +17,7 @@ REWRITE_FLAGS = (
     "fold_constants",
     "fuse_affine",
     "fuse_clamp",
+    "max_through_pool",
     "div_to_mul",
     "detect_layernorm",
     "detect_gelu_silu",
