@@ -112,9 +112,7 @@ def _solve(
     if hit is not None:  # the same shapes bind the same symbols and meet the same guards
         return dict(hit)
     bindings = _infer(graph, shapes, pre)
-    if len(memo) >= BINDING_MEMO:
-        memo.clear()
-    memo[key] = dict(bindings)
+    _remember(memo, key, bindings)
     return bindings
 
 
@@ -145,6 +143,9 @@ def bind_shapes(
     torch arrays: nothing is copied), with the checks of `bind_inputs`."""
     names = graph.input_names
     arrays = inputs_in_order(names, inputs)
+    key = _arrays_key(graph, arrays, batch_size, known)
+    if key is not None and (hit := graph.binding_memo.get(key)) is not None:
+        return dict(hit)  # these shapes and dtypes passed every check below already
     shapes = []
     for name, v, a in zip(names, graph.inputs, arrays, strict=True):
         if not (hasattr(a, "shape") and hasattr(a, "dtype")):
@@ -153,7 +154,33 @@ def bind_shapes(
         if _np_dtype(a.dtype) != want.np:
             raise InputMismatchError(f"input '{name}': expected dtype {want}, found {a.dtype}")
         shapes.append(tuple(int(d) for d in a.shape))
-    return _solve(graph, shapes, batch_size, known)
+    bindings = _solve(graph, shapes, batch_size, known)
+    if key is not None:
+        _remember(graph.binding_memo, key, bindings)
+    return bindings
+
+
+def _arrays_key(
+    graph: Graph, arrays: Sequence[Any], batch_size: Any, known: Mapping[str, int] | None
+) -> tuple | None:
+    """The binding memo's key for NumPy inputs as given (shapes and dtypes, before any check);
+    None for other arrays, which take the checks every time."""
+    if not all(type(a) is np.ndarray for a in arrays):
+        return None
+    return (
+        "arrays",
+        len(graph.guards),
+        type(batch_size),
+        batch_size,
+        *((a.shape, a.dtype) for a in arrays),
+        *sorted((known or {}).items()),
+    )
+
+
+def _remember(memo: dict, key: tuple, bindings: Mapping[str, int]) -> None:
+    if len(memo) >= BINDING_MEMO:
+        memo.clear()
+    memo[key] = dict(bindings)
 
 
 def _np_dtype(dt: Any) -> np.dtype | None:

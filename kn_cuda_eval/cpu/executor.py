@@ -476,24 +476,27 @@ class HostExecutor:
         return EvaluationError(f"step {k} ({s.describe()[:200]}): {type(e).__name__}: {e}")
 
     def _load(self, inputs: Inputs) -> None:
-        arrays = inputs.values() if isinstance(inputs, Mapping) else inputs
-        views = self._inputs
-        if (isinstance(inputs, Mapping) and tuple(inputs) != self.plan.input_names) or len(
-            arrays
-        ) != len(views):
-            arrays = plan_inputs(self.plan, inputs)  # by name in another order, or its error
-        for view, a in zip(views, arrays, strict=True):
-            if type(a) is not np.ndarray or a.shape != view.shape or a.dtype != view.dtype:
-                return self._load_checked(inputs)
-        for view, a in zip(views, arrays, strict=True):
+        for view, a in zip(self._inputs, self._arrays(inputs), strict=True):
             if view.size:
                 np.copyto(view, a)
-        return None
 
-    def _load_checked(self, inputs: Inputs) -> None:
-        for view, a in zip(self._inputs, plan_inputs(self.plan, inputs), strict=True):
-            if view.size:
-                np.copyto(view, a)
+    def _arrays(self, inputs: Inputs) -> Sequence[np.ndarray]:
+        """The inputs in plan order, checked against the arena views they go to: NumPy arrays
+        given in order with the views' shapes and dtypes as they are, anything else through
+        `plan_inputs` (conversions, names in another order, its errors)."""
+        views = self._inputs
+        if isinstance(inputs, Mapping):
+            arrays: Sequence[np.ndarray] = (
+                list(inputs.values()) if tuple(inputs) == self.plan.input_names else []
+            )
+        else:
+            arrays = inputs
+        if len(arrays) == len(views) and all(
+            type(a) is np.ndarray and a.shape == v.shape and a.dtype == v.dtype
+            for v, a in zip(views, arrays, strict=True)
+        ):
+            return arrays
+        return plan_inputs(self.plan, inputs)
 
     def _run(self) -> None:
         for seg in self.segments:

@@ -218,7 +218,6 @@ class SegmentedRunner:
     _splits: dict[int, SegmentedGraph] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _bound_memo: dict[tuple, dict[str, int]] = field(default_factory=dict)
-    _bind_memo: dict[tuple, dict[str, int]] = field(default_factory=dict)
     _used: dict[int, frozenset[str]] = field(default_factory=dict)  # a subgraph's input symbols
     _timings: list[ProfileRow] | None = None  # while profiling: the rows of nested runs too
 
@@ -244,7 +243,7 @@ class SegmentedRunner:
         (device arrays from segments, NumPy arrays from host points). `timings` gets one row
         per stage: its wall time (a segment's, its device's calls included)."""
         arrays = inputs_in_order(graph.input_names, inputs)
-        bindings = self._bind(graph, arrays, batch_size, known)
+        bindings = bind_shapes(graph, arrays, batch_size, known)
         env: dict[int, Any] = {}
         for v, a in zip(graph.inputs, arrays, strict=True):
             env[v.index] = a
@@ -280,35 +279,6 @@ class SegmentedRunner:
                 timings.append(ProfileRow(n, f"host {op.kind}", name, ms))
         outs = [self._value(graph, env, v) for v in graph.outputs]
         return [np.array(_to_host(o)) for o in outs] if host_outputs else outs
-
-    def _bind(
-        self,
-        graph: Graph,
-        arrays: list[Any],
-        batch_size: int | None,
-        known: Mapping[str, int] | None,
-    ) -> dict[str, int]:
-        """`bind_shapes`, remembered per graph and input shapes and dtypes (NumPy inputs only):
-        a graph called again and again at one shape (a VAD per chunk, an If's branch per call)
-        skips the checks it passed already."""
-        if not all(type(a) is np.ndarray for a in arrays):
-            return bind_shapes(graph, arrays, batch_size, known)
-        key = (
-            graph.id,
-            batch_size,
-            *((a.shape, a.dtype) for a in arrays),
-            *(known.items() if known else ()),
-        )
-        with self._lock:
-            hit = self._bind_memo.get(key)
-        if hit is not None:
-            return dict(hit)
-        bindings = bind_shapes(graph, arrays, batch_size, known)
-        with self._lock:
-            if len(self._bind_memo) >= BOUND_MEMO:
-                self._bind_memo.clear()
-            self._bind_memo[key] = dict(bindings)
-        return bindings
 
     def _bound(
         self,

@@ -229,3 +229,31 @@ def test_runtime_error_inside_an_op_names_the_value(run):
     else:  # the CPU backend runs the plan: it names the step (plans carry no graph values)
         assert str(e.value).startswith("step 0 (gather ")
         assert str(e.value).endswith("): gather: index out of range [0, 3)")
+
+
+def test_remembered_bindings_never_skip_a_check_that_failed():
+    """bind_shapes remembers what NumPy inputs of given shapes and dtypes bound; a call that
+    would fail (another dtype, a contradicting or non-int batch size, a guard) still fails
+    after a good call with the same shapes, and the memo holds only what passed."""
+    from kn_graph import ArgumentTypeError
+    from kn_graph.binding import bind_shapes
+
+    g = two_input_graph()
+    g.add_guard(Size(4), ">=", B, "at most 4 rows")
+    ok = good_inputs(b=2)
+    for _ in range(2):
+        assert bind_shapes(g, ok) == {"B": 2, "S": 5}
+        assert bind_shapes(g, ok, 2) == {"B": 2, "S": 5}
+        with pytest.raises(ArgumentTypeError):
+            bind_shapes(g, ok, 2.0)  # 2.0 == 2 as a key, but not a batch size
+        with pytest.raises(InputMismatchError, match="expected size B = 3"):
+            bind_shapes(g, ok, 3)
+        with pytest.raises(InputMismatchError, match="expected dtype f32"):
+            bind_shapes(g, [ok[0], ok[1].astype(np.float64)])
+        with pytest.raises(InputMismatchError, match="at most 4 rows"):
+            bind_shapes(g, good_inputs(b=5))
+    cpu = Device.cpu().prepare(g)
+    for _ in range(2):
+        np.testing.assert_array_equal(cpu.eval(ok)[1], ok[1] * 2)
+        with pytest.raises(InputMismatchError, match="at most 4 rows"):
+            cpu.eval(good_inputs(b=5))

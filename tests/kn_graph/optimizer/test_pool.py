@@ -101,3 +101,23 @@ def test_conv_relu_max_pool_export_against_onnxruntime() -> None:
     got, ref = prepared.eval([x])[0], evaluate(g, [x])[0]
     assert np.isnan(ref).any() and np.array_equal(np.isnan(got), np.isnan(ref))
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [DType.I32, DType.I64, DType.F16])
+def test_integer_and_half_pools_at_their_extremes_on_the_cpu_backend(dtype: DType) -> None:
+    """max(x, -3) before a 2x2 max pool, over the dtype's extremes, on Device.cpu() against the
+    unoptimized graph on the reference."""
+    g = Graph()
+    x = g.input(Shape.of(1, 2, 6, 4), dtype, "x")
+    g.add_output(g.pool(g.maximum(x, -3), "max", (2, 2), (2, 2)), "y")
+    o = optimize(g, POOL)
+    assert scalar(o, o[o.outputs[0]].op.inputs[1]) == -3  # the clamp is last
+    rng = np.random.default_rng(4)
+    info = np.iinfo(dtype.np) if dtype.is_int else np.finfo(dtype.np)
+    xs = rng.integers(-6, 6, (1, 2, 6, 4)).astype(dtype.np)
+    xs.reshape(-1)[:4] = [info.min, info.max, info.min, -4]  # a window of extremes
+    if not dtype.is_int:
+        xs.reshape(-1)[8:10] = [np.nan, -np.inf]
+    want = evaluate(g, [xs])[0]
+    np.testing.assert_array_equal(evaluate(o, [xs])[0], want)
+    np.testing.assert_array_equal(Device.cpu().prepare(g).eval([xs])[0], want)
