@@ -23,7 +23,14 @@ import scipy.special
 
 from kn_graph.errors import EvaluationError
 
-__all__ = ["ACTIVATIONS", "Activation", "Recurrence", "run_recurrence"]
+__all__ = [
+    "ACTIVATIONS",
+    "Activation",
+    "Recurrence",
+    "RecurrenceArgs",
+    "recurrence_args",
+    "run_recurrence",
+]
 
 ACTIVATIONS = (
     "Relu",
@@ -138,7 +145,7 @@ class Recurrence:
 
 
 @dataclass(frozen=True, slots=True)
-class _Args:
+class RecurrenceArgs:
     """The arguments in the compute dtype, the recurrent bias folded into xw where the formula
     allows (everywhere but a GRU's candidate gate with linear_before_reset)."""
 
@@ -151,7 +158,7 @@ class _Args:
     running: Array | None
 
 
-def _unpack(spec: Recurrence, xs: list[Array]) -> _Args:
+def recurrence_args(spec: Recurrence, xs: list[Array]) -> RecurrenceArgs:
     xs = list(xs)
     xw, r = xs.pop(0), xs.pop(0)
     rb = xs.pop(0) if spec.has_bias else None
@@ -184,7 +191,7 @@ def _unpack(spec: Recurrence, xs: list[Array]) -> _Args:
     pa = None if p is None else p.astype(ct, copy=False)
     rt = np.ascontiguousarray(r.astype(ct, copy=False).T)
     run = None if running is None else running.astype(bool, copy=False)
-    return _Args(xw, rt, rb_h, h, c, pa, run)
+    return RecurrenceArgs(xw, rt, rb_h, h, c, pa, run)
 
 
 def _order(spec: Recurrence, steps: int) -> range:
@@ -213,7 +220,7 @@ def _keep(y: Array, h: Array, new: Array, running: Array | None, t: int) -> Arra
     return h
 
 
-def _rnn(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, None]:
+def _rnn(spec: Recurrence, a: RecurrenceArgs, y: Array) -> tuple[Array, None]:
     (f,) = spec.acts
     h, scratch = a.h0, np.empty_like(a.h0)
     for t in _order(spec, a.xw.shape[0]):
@@ -225,7 +232,7 @@ def _rnn(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, None]:
     return h, None
 
 
-def _gru(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, None]:
+def _gru(spec: Recurrence, a: RecurrenceArgs, y: Array) -> tuple[Array, None]:
     """h' = ĥ + z·(h - ĥ) (= (1 - z)·ĥ + z·h) with z, r = f(x_zr + h·R_zrᵀ) and
     ĥ = g(x_h + (r·h)·R_hᵀ), or with linear_before_reset ĥ = g(x_h + r·(h·R_hᵀ + Rb_h))."""
     f, g = spec.acts
@@ -260,13 +267,13 @@ def _gru(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, None]:
     return h, None
 
 
-def _lstm(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, Array]:
+def _lstm(spec: Recurrence, a: RecurrenceArgs, y: Array) -> tuple[Array, Array]:
     """c' = f·c + i·g(x_c + h·R_cᵀ), h' = o·h(c') with i, f (peeking at c) and o (at c') from
     f(x + h·Rᵀ); with input_forget, f = 1 - i."""
     f, g, act_h = spec.acts
     n = spec.hidden
     h, c = a.h0, a.c0
-    assert c is not None  # _unpack gives every LSTM a cell state
+    assert c is not None  # recurrence_args gives every LSTM a cell state
     gates = np.empty((h.shape[0], 4 * n), h.dtype)
     i, o, fg, cc = (gates[:, k * n : (k + 1) * n] for k in range(4))
     pi, po, pf = (None, None, None) if a.p is None else (a.p[k * n : (k + 1) * n] for k in range(3))
@@ -311,7 +318,7 @@ def _lstm(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, Array]:
 
 def run_recurrence(spec: Recurrence, xs: list[Array]) -> list[Array]:
     """The `Dynamic` kind's results from its arguments: Y, h_T (and c_T) in the dtype of xw."""
-    a = _unpack(spec, xs)
+    a = recurrence_args(spec, xs)
     dt = xs[0].dtype
     y = np.zeros((a.xw.shape[0], *a.h0.shape), a.xw.dtype)
     h: Array

@@ -112,9 +112,10 @@ class PreparedGraph:
                 graph, {} if batch_size is None else {BATCH: batch_size}
             )
         elif graph.has_dynamic:
+            from kn_cuda_eval.cpu.recurrence import HOST_KINDS
             from kn_cuda_eval.planning.segments import SegmentedRunner
 
-            self._runner = SegmentedRunner(self._run_segment)
+            self._runner = SegmentedRunner(self._run_segment, HOST_KINDS)
         else:
             fixed = self._fixed_bindings()
             if fixed is not None:

@@ -42,6 +42,7 @@ __all__ = [
     "compiler",
     "flags",
     "load_library",
+    "load_source",
     "pool",
     "prelude",
 ]
@@ -159,6 +160,13 @@ def load_library(sources: Sequence[str]) -> ctypes.CDLL:
         bind.restype, bind.argtypes = None, [ctypes.c_void_p] * 4
         bind(*tp.entry_points)
     return lib
+
+
+def load_source(name: str) -> ctypes.CDLL:
+    """A hand-written C file of this package (`recurrence.c`) compiled alone, without OpenMP
+    (cached on disk like the kernels); KernelCompileError as `load_library`."""
+    src = resources.files("kn_cuda_eval.cpu").joinpath(name).read_text()
+    return _load([src], [f for f in flags() if f != "-fopenmp"])
 
 
 def _load(sources: Sequence[str], fl: Sequence[str]) -> ctypes.CDLL:

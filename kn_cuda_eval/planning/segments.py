@@ -204,6 +204,9 @@ def _to_host(a: Any) -> np.ndarray:
 BOUND_MEMO = 256
 """Host-point results whose bindings a `SegmentedRunner` remembers (cleared when full)."""
 
+HostKind = Callable[[Dynamic, list[np.ndarray]], "list[np.ndarray] | None"]
+"""A device's own computation of a host point: its results, or None to leave it to NumPy."""
+
 SegmentRun = Callable[[Segment, Sequence[Any], Mapping[str, int]], list[Any]]
 """Runs one segment on a device at the values of its `symbols`: arrays in, (device) arrays
 out. Planning once per distinct binding and caching the plan is the device's business."""
@@ -215,6 +218,9 @@ class SegmentedRunner:
     `run_segment` executes a pure graph at a binding (planning and caching is its business)."""
 
     run_segment: SegmentRun
+    host_kinds: Mapping[str, HostKind] = field(default_factory=dict)
+    """Host points a device computes its own way (`kn_cuda_eval.cpu.recurrence.HOST_KINDS`),
+    by kind; `run_dynamic` (NumPy) for the others and whenever one returns None."""
     _splits: dict[int, SegmentedGraph] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _bound_memo: dict[tuple, dict[str, int]] = field(default_factory=dict)
@@ -262,7 +268,10 @@ class SegmentedRunner:
             prev, nested = self._timings, len(timings) if timings is not None else 0
             self._timings = timings
             try:
-                results = run_dynamic(op, args, bindings, self._run_subgraph)
+                own = self.host_kinds.get(op.kind)
+                results = own(op, args) if own is not None else None
+                if results is None:
+                    results = run_dynamic(op, args, bindings, self._run_subgraph)
                 new = self._bound(graph, stage, results, bindings)
             except KnError as e:
                 where = graph.format_value(graph.value(stage.results[0][0]))
