@@ -1,12 +1,12 @@
 // Kyanite host recurrence: one direction of an ONNX RNN / GRU / LSTM layer over all its time
 // steps, the same formulas as kn_graph/recurrence.py (the NumPy oracle) in one C loop, so that
 // a step costs a matrix-vector product and a few passes over H floats instead of a dozen NumPy
-// calls (~18 us a step). f32 only (float16 arrives as f32, as in the NumPy loop). The caller
-// (recurrence.py) has folded the recurrent bias into xw and transposed R, and owns every
-// buffer: xw [T,B,G*H], rt [H,G*H], rb_h [H] or NULL (GRU linear_before_reset), h [B,H] and
-// c [B,H] (the states, updated in place), p [3H] or NULL (LSTM peepholes i, o, f),
-// running [T*B] or NULL (0: the row's sequence has ended: it keeps its state, outputs zeros),
-// y [T,B,H] zero-filled, work [5*G*H].
+// calls (~18 us a step). f32 only (float16 arrives as f32, as in the NumPy loop). Arguments as
+// the op has them: xw [T,B,G*H] (the input projection), r [G*H,H] (R, its rows read as they are
+// stored), rb [G*H] or NULL (the recurrent bias), p [3H] or NULL (LSTM peepholes i, o, f),
+// running [T*B] or NULL (0: the row's sequence has ended: it keeps its state, outputs zeros);
+// out, the caller's one buffer for the results and the scratch: y [T,B,H] zero-filled, then
+// h [B,H] and c [B,H] holding the initial states (updated in place), then 6*G*H floats.
 //
 // NaN and infinities go where NumPy's ufuncs take them: every comparison below is written so
 // that a NaN takes the same branch as in kn_graph/recurrence.py's Activation.apply.
@@ -113,9 +113,8 @@ static void clip(int on, float lim, float* x, long n) {
     }
 }
 
-/* Eight floats in GCC/clang's generic vectors (AVX registers where the CPU has them, two SSE or
-   NEON ones elsewhere): the compiler's own vectorizer keeps to 128 bits on some CPUs' tuning
-   (znver1) and reloads the output at every k. */
+/* Eight floats in GCC/clang's generic vectors: AVX registers where the CPU has them, two SSE
+   or NEON ones elsewhere, whatever width the compiler's tuning would pick for a plain loop. */
 typedef float v8 __attribute__((vector_size(32)));
 
 static inline v8 load8(const float* p) {
@@ -124,84 +123,98 @@ static inline v8 load8(const float* p) {
     return v;
 }
 
-static inline void store8(float* p, v8 v) { memcpy(p, &v, sizeof v); }
+static inline float hsum(v8 v) {
+    float t[8];
+    memcpy(t, &v, sizeof t);
+    return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+}
 
-/* out[j] = add[j] + sum_k h[k] * rt[k*ld + j] for j < n (add may be NULL), summed in k order:
-   32 outputs at a time held in registers over all k. */
-static void hmul(const float* h, const float* rt, long H, long ld, long n, const float* add,
-                 float* out) {
+/* out[j] = add[j] + R[j,:]·h for the n rows of R from `r` (row length H; add may be NULL):
+   four rows at a time, eight lanes of each, h read from L1 and R streamed row after row. */
+static void rmul(const float* r, long H, long n, const float* h, const float* add, float* out) {
     const v8 zero = {0};
+    const long H8 = H & ~7L;
     long j = 0;
-    for (; j + 32 <= n; j += 32) {
-        v8 a0 = add ? load8(add + j) : zero, a1 = add ? load8(add + j + 8) : zero;
-        v8 a2 = add ? load8(add + j + 16) : zero, a3 = add ? load8(add + j + 24) : zero;
-        for (long k = 0; k < H; ++k) {
-            const float hk = h[k];
-            const float* row = rt + k * ld + j;
-            a0 += hk * load8(row);
-            a1 += hk * load8(row + 8);
-            a2 += hk * load8(row + 16);
-            a3 += hk * load8(row + 24);
+    for (; j + 4 <= n; j += 4) {
+        const float *r0 = r + j * H, *r1 = r0 + H, *r2 = r1 + H, *r3 = r2 + H;
+        v8 a0 = zero, a1 = zero, a2 = zero, a3 = zero;
+        for (long k = 0; k < H8; k += 8) {
+            const v8 hk = load8(h + k);
+            a0 += load8(r0 + k) * hk;
+            a1 += load8(r1 + k) * hk;
+            a2 += load8(r2 + k) * hk;
+            a3 += load8(r3 + k) * hk;
         }
-        store8(out + j, a0);
-        store8(out + j + 8, a1);
-        store8(out + j + 16, a2);
-        store8(out + j + 24, a3);
-    }
-    for (; j + 8 <= n; j += 8) {
-        v8 a = add ? load8(add + j) : zero;
-        for (long k = 0; k < H; ++k) a += h[k] * load8(rt + k * ld + j);
-        store8(out + j, a);
+        float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+        for (long k = H8; k < H; ++k) {
+            s0 += r0[k] * h[k];
+            s1 += r1[k] * h[k];
+            s2 += r2[k] * h[k];
+            s3 += r3[k] * h[k];
+        }
+        out[j] = (add ? add[j] : 0.0f) + s0;
+        out[j + 1] = (add ? add[j + 1] : 0.0f) + s1;
+        out[j + 2] = (add ? add[j + 2] : 0.0f) + s2;
+        out[j + 3] = (add ? add[j + 3] : 0.0f) + s3;
     }
     for (; j < n; ++j) {
-        float a = add ? add[j] : 0.0f;
-        for (long k = 0; k < H; ++k) a += h[k] * rt[k * ld + j];
-        out[j] = a;
+        float sj = 0.0f;
+        for (long k = 0; k < H; ++k) sj += r[j * H + k] * h[k];
+        out[j] = (add ? add[j] : 0.0f) + sj;
     }
 }
 
-/* dims: kind, T, B, H, reverse, linear_before_reset, input_forget, has_clip, act0, act1, act2
+/* dims: kind, H, reverse, linear_before_reset, input_forget, has_clip, act0, act1, act2
    params: clip, alpha0, beta0, alpha1, beta1, alpha2, beta2 */
-int kn_recurrence(const long long* dims, const float* params, const float* xw, const float* rt,
-                  const float* rb_h, float* h, float* c, const float* p,
-                  const unsigned char* running, float* y, float* work) {
+int kn_recurrence(const long long* dims, const float* params, long long T, long long B,
+                  const float* xw, const float* r, const float* rb, const float* p,
+                  const unsigned char* running, float* out) {
     const int kind = (int)dims[0];
-    const long T = dims[1], B = dims[2], H = dims[3];
-    const int reverse = (int)dims[4], lbr = (int)dims[5], input_forget = (int)dims[6];
-    const int has_clip = (int)dims[7];
+    const long H = dims[1];
+    const int reverse = (int)dims[2], lbr = (int)dims[3], input_forget = (int)dims[4];
+    const int has_clip = (int)dims[5];
     const float lim = params[0];
-    const act_t f = {(int)dims[8], params[1], params[2]};
-    const act_t g = {(int)dims[9], params[3], params[4]};
-    const act_t ah = {(int)dims[10], params[5], params[6]};
+    const act_t f = {(int)dims[6], params[1], params[2]};
+    const act_t g = {(int)dims[7], params[3], params[4]};
+    const act_t ah = {(int)dims[8], params[5], params[6]};
     const long G = kind == K_RNN ? 1 : kind == K_GRU ? 3 : 4, GH = G * H;
-    float* rec = work;          /* [G*H]: h·Rᵀ plus the step's input part */
-    float* cand = rec + GH;     /* [H] */
+    float* y = out;             /* [T,B,H] */
+    float* h = y + T * B * H;   /* [B,H] */
+    float* c = h + B * H;       /* [B,H] (LSTM) */
+    float* work = c + B * H;
+    float* rec = work;          /* [G*H]: R·h plus the step's input part */
+    float* xb = rec + GH;       /* [G*H]: the step's input projection plus the recurrent bias */
+    float* cand = xb + GH;      /* [H] */
     float* tmp = cand + H;      /* [H] */
     float* nh = tmp + H;        /* [H]: the new hidden state */
     float* nc = nh + H;         /* [H]: the new cell state */
     for (long s = 0; s < T; ++s) {
         const long t = reverse ? T - 1 - s : s;
         for (long bi = 0; bi < B; ++bi) {
-            const float* x = xw + (t * B + bi) * GH;
             float* hb = h + bi * H;
-            const int keep = running && !running[t * B + bi];
-            if (keep) continue; /* the row's state stays, Y[t] stays 0 */
+            if (running && !running[t * B + bi]) continue; /* its state stays, Y[t] stays 0 */
+            const float* x = xw + (t * B + bi) * GH;
+            if (rb) { /* as the NumPy loop folds it: all but linear_before_reset's candidate */
+                const long folded = kind == K_GRU && lbr ? 2 * H : GH;
+                for (long j = 0; j < GH; ++j) xb[j] = j < folded ? x[j] + rb[j] : x[j];
+                x = xb;
+            }
             if (kind == K_RNN) {
-                hmul(hb, rt, H, GH, H, x, nh);
+                rmul(r, H, H, hb, x, nh);
                 clip(has_clip, lim, nh, H);
                 activate(f, nh, H);
             } else if (kind == K_GRU) {
-                hmul(hb, rt, H, GH, lbr ? 3 * H : 2 * H, NULL, rec);
+                rmul(r, H, lbr ? 3 * H : 2 * H, hb, NULL, rec);
                 for (long j = 0; j < 2 * H; ++j) rec[j] += x[j];
                 clip(has_clip, lim, rec, 2 * H);
                 activate(f, rec, 2 * H);
-                const float *z = rec, *r = rec + H;
+                const float *z = rec, *rg = rec + H;
                 if (lbr) {
                     for (long j = 0; j < H; ++j)
-                        cand[j] = (rec[2 * H + j] + (rb_h ? rb_h[j] : 0.0f)) * r[j];
+                        cand[j] = (rec[2 * H + j] + (rb ? rb[2 * H + j] : 0.0f)) * rg[j];
                 } else {
-                    for (long j = 0; j < H; ++j) tmp[j] = r[j] * hb[j];
-                    hmul(tmp, rt + 2 * H, H, GH, H, NULL, cand);
+                    for (long j = 0; j < H; ++j) tmp[j] = rg[j] * hb[j];
+                    rmul(r + 2 * H * H, H, H, tmp, NULL, cand);
                 }
                 for (long j = 0; j < H; ++j) cand[j] += x[2 * H + j];
                 clip(has_clip, lim, cand, H);
@@ -209,7 +222,7 @@ int kn_recurrence(const long long* dims, const float* params, const float* xw, c
                 for (long j = 0; j < H; ++j) nh[j] = (hb[j] - cand[j]) * z[j] + cand[j];
             } else {
                 float* cb = c + bi * H;
-                hmul(hb, rt, H, GH, GH, x, rec);
+                rmul(r, H, GH, hb, x, rec);
                 float *gi = rec, *go = rec + H, *gf = rec + 2 * H, *gc = rec + 3 * H;
                 const int together = !p && !input_forget;
                 if (together) {

@@ -3,11 +3,12 @@ all its steps) in compiled C (`recurrence.c`), for the runtime's segmented runne
 device: the NumPy loop costs ~18 µs of Python a step (DNSMOS PLCMOS: 45 ms of a 103 ms call in
 four GRUs over 626 frames), the C loop a matrix-vector product and a few passes over H floats.
 
-Same formulas, same argument preparation (`recurrence_args`: the recurrent bias folded into the
-input projection, R transposed, float16 computed in float32), so the NumPy loop stays the oracle
-and the C loop differs from it by rounding only (its dot products sum in another order). Any
-case it does not take — another compute dtype (float64), no C compiler — returns None and the
-NumPy loop runs, as it does for the reference executor and the plan emulator."""
+Same formulas (the recurrent bias where the NumPy loop folds it, float16 computed in float32),
+so the NumPy loop stays the oracle and the C loop differs from it by rounding only: its dot
+products sum in another order, and its e^x and tanh are its own (vectorized, within a few ulp).
+Arguments are read as the op has them (R's rows as stored), so a call costs no copy of the
+weights. Any case it does not take — float64, no C compiler, arguments that do not fit —
+returns None and the NumPy loop runs, as it does for the reference executor and the emulator."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import numpy as np
 from kn_cuda_eval.cpu import build
 from kn_graph.errors import KernelCompileError
 from kn_graph.ops import Dynamic
-from kn_graph.recurrence import ACTIVATIONS, Recurrence, recurrence_args
+from kn_graph.recurrence import ACTIVATIONS, Recurrence
 
 __all__ = ["HOST_KINDS", "run_recurrence_c"]
 
@@ -42,8 +43,32 @@ def _library() -> ctypes.CDLL | None:
         log.warning("recurrence.c does not build: recurrences run in NumPy (%s)", e)
         return None
     fn = lib.kn_recurrence
-    fn.restype, fn.argtypes = ctypes.c_int, [_P] * 11
+    fn.restype = ctypes.c_int
+    fn.argtypes = [_P, _P, ctypes.c_longlong, ctypes.c_longlong, *[_P] * 6]
     return lib
+
+
+@functools.cache
+def _settings(spec: Recurrence) -> tuple[int, int, tuple[np.ndarray, ...]]:
+    """The addresses of the cell's integer and float settings as `kn_recurrence` reads them
+    (`dims`, `params`), and the arrays that hold them (kept alive with the cache entry)."""
+    acts = [*spec.acts, *spec.acts[-1:] * (3 - len(spec.acts))]  # unused slots repeat the last
+    dims = [
+        _KINDS[spec.kind],
+        spec.hidden,
+        spec.reverse,
+        spec.linear_before_reset,
+        spec.input_forget,
+        spec.clip is not None,
+        *(ACTIVATIONS.index(act.name) for act in acts),
+    ]
+    params = [spec.clip or 0.0, *(v for act in acts for v in (act.alpha, act.beta))]
+    held = (np.array(dims, np.int64), np.array(params, np.float32))
+    return held[0].ctypes.data, held[1].ctypes.data, held
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32)  # no copy for a contiguous f32 array
 
 
 def _ptr(a: np.ndarray | None) -> int | None:
@@ -52,61 +77,52 @@ def _ptr(a: np.ndarray | None) -> int | None:
 
 def run_recurrence_c(spec: Recurrence, xs: list[np.ndarray]) -> list[np.ndarray] | None:
     """`kn_graph.recurrence.run_recurrence`'s results computed by `recurrence.c`, or None when
-    this case is the NumPy loop's (see the module docstring)."""
+    this case is the NumPy loop's: float64, no compiler, or arguments that do not fit the op
+    (the NumPy loop then raises its error)."""
     lib = _library()
     if lib is None or spec.kind not in _KINDS:
         return None
-    a = recurrence_args(spec, xs)  # checks the shapes; copies what the loop writes
-    if a.xw.dtype != np.float32:
+    xs = list(xs)
+    xw, r = xs.pop(0), xs.pop(0)
+    rb = xs.pop(0) if spec.has_bias else None
+    h0 = xs.pop(0)
+    c0 = xs.pop(0) if spec.kind == "LSTM" else None
+    p = xs.pop(0) if spec.has_peepholes else None
+    running = xs.pop(0) if spec.masked else None
+    if xw.dtype not in (np.float32, np.float16) or xw.ndim != 3:
         return None
-    f32 = np.float32
-    xw = np.ascontiguousarray(a.xw, f32)
-    steps, batch, n = xw.shape[0], a.h0.shape[0], spec.hidden
-    h = np.ascontiguousarray(a.h0.reshape(batch, n), f32)
-    c = None if a.c0 is None else np.ascontiguousarray(a.c0.reshape(batch, n), f32)
-    rb_h = None if a.rb_h is None else np.ascontiguousarray(a.rb_h, f32)
-    p = None if a.p is None else np.ascontiguousarray(a.p, f32)
-    running = (
-        None
-        if a.running is None
-        else np.ascontiguousarray(a.running.reshape(steps, batch), np.uint8)
-    )
-    acts = [*spec.acts, *spec.acts[-1:] * (3 - len(spec.acts))]  # unused slots repeat the last
-    dims = np.array(
-        [
-            _KINDS[spec.kind],
-            steps,
-            batch,
-            n,
-            spec.reverse,
-            spec.linear_before_reset,
-            spec.input_forget,
-            spec.clip is not None,
-            *(ACTIVATIONS.index(act.name) for act in acts),
-        ],
-        np.int64,
-    )
-    params = np.array(
-        [spec.clip or 0.0, *(v for act in acts for v in (act.alpha, act.beta))], np.float32
-    )
-    y = np.zeros((steps, batch, n), f32)
-    work = np.empty(5 * spec.gates * n, f32)
+    steps, batch, gh = xw.shape
+    n = spec.hidden
+    shapes = [(xw, (steps, batch, spec.gates * n)), (r, (gh, n)), (rb, (gh,)), (h0, (batch, n))]
+    shapes += [(c0, (batch, n)), (p, (3 * n,)), (running, (steps, batch, 1))]
+    if xs or any(a is not None and a.shape != want for a, want in shapes):
+        return None
+    dims, params, _ = _settings(spec)
+    xw32, r32 = _f32(xw), _f32(r)
+    rb32, p32 = (None if a is None else _f32(a) for a in (rb, p))
+    run = None if running is None else np.ascontiguousarray(running, np.uint8)
+    ny, nh = steps * batch * n, batch * n
+    out = np.zeros(ny + 2 * nh + 6 * gh, np.float32)  # Y, h, c, scratch: one buffer, one address
+    out[ny : ny + nh] = h0.reshape(-1)
+    if c0 is not None:
+        out[ny + nh : ny + 2 * nh] = c0.reshape(-1)
     lib.kn_recurrence(
-        dims.ctypes.data,
-        params.ctypes.data,
-        xw.ctypes.data,
-        np.ascontiguousarray(a.rt, f32).ctypes.data,
-        _ptr(rb_h),
-        h.ctypes.data,
-        _ptr(c),
-        _ptr(p),
-        _ptr(running),
-        y.ctypes.data,
-        work.ctypes.data,
+        dims,
+        params,
+        steps,
+        batch,
+        xw32.ctypes.data,
+        r32.ctypes.data,
+        _ptr(rb32),
+        _ptr(p32),
+        _ptr(run),
+        out.ctypes.data,
     )
-    dt = xs[0].dtype
-    states = [h] if c is None else [h, c]
-    return [y.astype(dt, copy=False), *(s.reshape(a.h0.shape).astype(dt) for s in states)]
+    dt = xw.dtype
+    results = [out[:ny].reshape(steps, batch, n), out[ny : ny + nh].reshape(batch, n)]
+    if c0 is not None:
+        results.append(out[ny + nh : ny + 2 * nh].reshape(batch, n))
+    return [a.astype(dt, copy=False) for a in results]
 
 
 def _host_recurrence(op: Dynamic, args: list[np.ndarray]) -> list[np.ndarray] | None:
