@@ -16,6 +16,7 @@ keeps its state and outputs zeros). Results: Y [T, B, H] in time order, h_T, (LS
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,9 +27,9 @@ from kn_graph.errors import EvaluationError
 __all__ = [
     "ACTIVATIONS",
     "Activation",
+    "Operands",
     "Recurrence",
-    "RecurrenceArgs",
-    "recurrence_args",
+    "operands",
     "run_recurrence",
 ]
 
@@ -145,7 +146,7 @@ class Recurrence:
 
 
 @dataclass(frozen=True, slots=True)
-class RecurrenceArgs:
+class _Args:
     """The arguments in the compute dtype, the recurrent bias folded into xw where the formula
     allows (everywhere but a GRU's candidate gate with linear_before_reset)."""
 
@@ -158,18 +159,43 @@ class RecurrenceArgs:
     running: Array | None
 
 
-def recurrence_args(spec: Recurrence, xs: list[Array]) -> RecurrenceArgs:
-    xs = list(xs)
-    xw, r = xs.pop(0), xs.pop(0)
-    rb = xs.pop(0) if spec.has_bias else None
-    h0 = xs.pop(0)
-    c0 = xs.pop(0) if spec.kind == "LSTM" else None
-    p = xs.pop(0) if spec.has_peepholes else None
-    running = xs.pop(0) if spec.masked else None
+@dataclass(frozen=True, slots=True)
+class Operands:
+    """The op's arguments by name, as given (see the module docstring); `extra`: how many more
+    there were than `Recurrence` says (a malformed op)."""
+
+    xw: Array
+    r: Array
+    rb: Array | None
+    h0: Array
+    c0: Array | None
+    p: Array | None
+    running: Array | None
+    extra: int
+
+
+def operands(spec: Recurrence, xs: Sequence[Array]) -> Operands:
+    """`xs` split into the arguments `spec` says the op has, in order."""
+    it = iter(xs)
+    try:
+        xw, r = next(it), next(it)
+        rb = next(it) if spec.has_bias else None
+        h0 = next(it)
+        c0 = next(it) if spec.kind == "LSTM" else None
+        p = next(it) if spec.has_peepholes else None
+        running = next(it) if spec.masked else None
+    except StopIteration:
+        raise EvaluationError(f"recurrence {spec!r}: {len(xs)} arguments, too few") from None
+    return Operands(xw, r, rb, h0, c0, p, running, sum(1 for _ in it))
+
+
+def _unpack(spec: Recurrence, xs: list[Array]) -> _Args:
+    o = operands(spec, xs)
+    xw, r, rb, h0, c0, p, running = o.xw, o.r, o.rb, o.h0, o.c0, o.p, o.running
     n, gh = spec.hidden, spec.gates * spec.hidden
-    if xs or xw.ndim != 3 or xw.shape[2] != gh or r.shape != (gh, n) or h0.shape[-1:] != (n,):
+    if o.extra or xw.ndim != 3 or xw.shape[2] != gh or r.shape != (gh, n) or h0.shape[-1:] != (n,):
         raise EvaluationError(
-            f"recurrence {spec!r}: arguments {[list(a.shape) for a in (xw, r, h0)]} (+{len(xs)} "
+            f"recurrence {spec!r}: arguments {[list(a.shape) for a in (xw, r, h0)]} (+{o.extra} "
             f"extra) do not fit xw [T, B, {gh}], R [{gh}, {n}], h0 [B, {n}]"
         )
     ct = np.dtype(np.float32) if xw.dtype.itemsize < 4 else xw.dtype  # f16 math in f32
@@ -191,7 +217,7 @@ def recurrence_args(spec: Recurrence, xs: list[Array]) -> RecurrenceArgs:
     pa = None if p is None else p.astype(ct, copy=False)
     rt = np.ascontiguousarray(r.astype(ct, copy=False).T)
     run = None if running is None else running.astype(bool, copy=False)
-    return RecurrenceArgs(xw, rt, rb_h, h, c, pa, run)
+    return _Args(xw, rt, rb_h, h, c, pa, run)
 
 
 def _order(spec: Recurrence, steps: int) -> range:
@@ -220,7 +246,7 @@ def _keep(y: Array, h: Array, new: Array, running: Array | None, t: int) -> Arra
     return h
 
 
-def _rnn(spec: Recurrence, a: RecurrenceArgs, y: Array) -> tuple[Array, None]:
+def _rnn(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, None]:
     (f,) = spec.acts
     h, scratch = a.h0, np.empty_like(a.h0)
     for t in _order(spec, a.xw.shape[0]):
@@ -232,7 +258,7 @@ def _rnn(spec: Recurrence, a: RecurrenceArgs, y: Array) -> tuple[Array, None]:
     return h, None
 
 
-def _gru(spec: Recurrence, a: RecurrenceArgs, y: Array) -> tuple[Array, None]:
+def _gru(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, None]:
     """h' = ĥ + z·(h - ĥ) (= (1 - z)·ĥ + z·h) with z, r = f(x_zr + h·R_zrᵀ) and
     ĥ = g(x_h + (r·h)·R_hᵀ), or with linear_before_reset ĥ = g(x_h + r·(h·R_hᵀ + Rb_h))."""
     f, g = spec.acts
@@ -267,13 +293,13 @@ def _gru(spec: Recurrence, a: RecurrenceArgs, y: Array) -> tuple[Array, None]:
     return h, None
 
 
-def _lstm(spec: Recurrence, a: RecurrenceArgs, y: Array) -> tuple[Array, Array]:
+def _lstm(spec: Recurrence, a: _Args, y: Array) -> tuple[Array, Array]:
     """c' = f·c + i·g(x_c + h·R_cᵀ), h' = o·h(c') with i, f (peeking at c) and o (at c') from
     f(x + h·Rᵀ); with input_forget, f = 1 - i."""
     f, g, act_h = spec.acts
     n = spec.hidden
     h, c = a.h0, a.c0
-    assert c is not None  # recurrence_args gives every LSTM a cell state
+    assert c is not None  # _unpack gives every LSTM a cell state
     gates = np.empty((h.shape[0], 4 * n), h.dtype)
     i, o, fg, cc = (gates[:, k * n : (k + 1) * n] for k in range(4))
     pi, po, pf = (None, None, None) if a.p is None else (a.p[k * n : (k + 1) * n] for k in range(3))
@@ -318,7 +344,7 @@ def _lstm(spec: Recurrence, a: RecurrenceArgs, y: Array) -> tuple[Array, Array]:
 
 def run_recurrence(spec: Recurrence, xs: list[Array]) -> list[Array]:
     """The `Dynamic` kind's results from its arguments: Y, h_T (and c_T) in the dtype of xw."""
-    a = recurrence_args(spec, xs)
+    a = _unpack(spec, xs)
     dt = xs[0].dtype
     y = np.zeros((a.xw.shape[0], *a.h0.shape), a.xw.dtype)
     h: Array

@@ -19,9 +19,9 @@ import logging
 import numpy as np
 
 from kn_cuda_eval.cpu import build
-from kn_graph.errors import KernelCompileError
+from kn_graph.errors import EvaluationError, KernelCompileError
 from kn_graph.ops import Dynamic
-from kn_graph.recurrence import ACTIVATIONS, Recurrence
+from kn_graph.recurrence import ACTIVATIONS, Recurrence, operands
 
 __all__ = ["HOST_KINDS", "run_recurrence_c"]
 
@@ -82,20 +82,18 @@ def run_recurrence_c(spec: Recurrence, xs: list[np.ndarray]) -> list[np.ndarray]
     lib = _library()
     if lib is None or spec.kind not in _KINDS:
         return None
-    xs = list(xs)
-    xw, r = xs.pop(0), xs.pop(0)
-    rb = xs.pop(0) if spec.has_bias else None
-    h0 = xs.pop(0)
-    c0 = xs.pop(0) if spec.kind == "LSTM" else None
-    p = xs.pop(0) if spec.has_peepholes else None
-    running = xs.pop(0) if spec.masked else None
+    try:
+        o = operands(spec, xs)
+    except EvaluationError:
+        return None  # the NumPy loop raises it
+    xw, r, rb, h0, c0, p, running = o.xw, o.r, o.rb, o.h0, o.c0, o.p, o.running
     if xw.dtype not in (np.float32, np.float16) or xw.ndim != 3:
         return None
     steps, batch, gh = xw.shape
     n = spec.hidden
     shapes = [(xw, (steps, batch, spec.gates * n)), (r, (gh, n)), (rb, (gh,)), (h0, (batch, n))]
     shapes += [(c0, (batch, n)), (p, (3 * n,)), (running, (steps, batch, 1))]
-    if xs or any(a is not None and a.shape != want for a, want in shapes):
+    if o.extra or any(a is not None and a.shape != want for a, want in shapes):
         return None
     dims, params, _ = _settings(spec)
     xw32, r32 = _f32(xw), _f32(r)
