@@ -98,7 +98,7 @@ def run_recurrence_c(spec: Recurrence, xs: list[np.ndarray]) -> list[np.ndarray]
     dims, params, _ = _settings(spec)
     xw32, r32 = _f32(xw), _f32(r)
     rb32, p32 = (None if a is None else _f32(a) for a in (rb, p))
-    run = None if running is None else np.ascontiguousarray(running, np.uint8)
+    run = None if running is None else np.ascontiguousarray(running.astype(bool), np.uint8)
     ny, nh = steps * batch * n, batch * n
     out = np.zeros(ny + 2 * nh + 6 * gh, np.float32)  # Y, h, c, scratch: one buffer, one address
     out[ny : ny + nh] = h0.reshape(-1)
