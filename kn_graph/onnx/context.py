@@ -29,6 +29,7 @@ from kn_graph.ops import Input, Value
 from kn_graph.shape import Shape, Size
 
 __all__ = [
+    "DOMAINS",
     "HANDLERS",
     "KNOWN_LIMIT",
     "MAX_RANK",
@@ -152,17 +153,24 @@ class Seq:
 
 Result = Value | Known | Seq
 Handler = Callable[["NodeContext"], Result | Sequence[Result | None]]
-HANDLERS: dict[str, Handler] = {}
+HANDLERS: dict[tuple[str, str], Handler] = {}
+"""Handlers by (domain, op type); the default domain is "ai.onnx"."""
+
+DOMAINS = ("ai.onnx", "com.microsoft")
+"""The operator domains the loader reads: ONNX's and onnxruntime's contrib operators."""
 
 
-def onnx_op(*op_types: str) -> Callable[[Handler], Handler]:
-    """Register a handler for one or more ONNX op types of the default domain."""
+def onnx_op(*op_types: str, domain: str = "ai.onnx") -> Callable[[Handler], Handler]:
+    """Register a handler for one or more ONNX op types of `domain` (the default domain, or
+    "com.microsoft" for onnxruntime's contrib operators)."""
+    if domain not in DOMAINS:
+        raise RuntimeError(f"unknown operator domain {domain!r}; known: {', '.join(DOMAINS)}")
 
     def register(f: Handler) -> Handler:
         for t in op_types:
-            if t in HANDLERS:
-                raise RuntimeError(f"two handlers for ONNX op {t}")
-            HANDLERS[t] = f
+            if (domain, t) in HANDLERS:
+                raise RuntimeError(f"two handlers for ONNX op {domain}::{t}")
+            HANDLERS[domain, t] = f
         return f
 
     return register

@@ -24,6 +24,7 @@ from kn_graph.errors import (
 )
 from kn_graph.graph import Graph
 from kn_graph.onnx.context import (
+    DOMAINS,
     HANDLERS,
     KNOWN_LIMIT,
     MAX_RANK,
@@ -449,13 +450,16 @@ class Loader:
     def run_node(self, node: onnx.NodeProto) -> None:
         domain = node.domain or "ai.onnx"
         ctx = NodeContext(self, node, self.opsets.get(domain, 0))
-        if domain != "ai.onnx":
+        if domain not in DOMAINS:
             raise UnknownOperatorError(
-                ctx.name, ctx.op_type, f"domain '{node.domain}' is not supported"
+                ctx.name,
+                ctx.op_type,
+                f"domain '{node.domain}' is not supported (supported: {', '.join(DOMAINS)})",
             )
-        handler = HANDLERS.get(node.op_type)
+        handler = HANDLERS.get((domain, node.op_type))
         if handler is None:
-            raise UnknownOperatorError(ctx.name, ctx.op_type, "operator not supported")
+            where = "" if domain == "ai.onnx" else f" of domain '{domain}'"
+            raise UnknownOperatorError(ctx.name, ctx.op_type, f"operator{where} not supported")
         self.graph.where = f"node '{ctx.name}' ({ctx.op_type})"
         try:
             out = handler(ctx)
