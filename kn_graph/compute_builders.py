@@ -24,6 +24,8 @@ from kn_graph.ops import (
     Conv,
     ConvDetails,
     Dynamic,
+    IntConv,
+    IntMatMul,
     Iota,
     Layernorm,
     MatMul,
@@ -50,6 +52,19 @@ def _no_subgraphs(
     raise GraphError("internal: a dynamic op without subgraphs ran one")
 
 
+_INT8 = (DType.U8, DType.I8)
+
+
+def _check_int8(what: str, *dtypes: DType) -> None:
+    """Integer GEMM and convolution read 8-bit operands (what oneDNN, cuBLAS and onnxruntime
+    have int8 kernels for)."""
+    for dt in dtypes:
+        if dt not in _INT8:
+            raise GraphError(
+                f"{what}: expected u8 or i8 operands, found {', '.join(map(str, dtypes))}"
+            )
+
+
 class ComputeBuilders(LayoutBuilders):
     """Mixed into `Graph` through `NNBuilders`; builds from the layout builders."""
 
@@ -64,13 +79,58 @@ class ComputeBuilders(LayoutBuilders):
     ) -> Value:
         """N-d cross-correlation; x [N, C, *sp], w [K, C/groups, *k]; symmetric padding."""
         xi, wi = self[x], self[w]
+        if xi.dtype != wi.dtype or not xi.dtype.is_float:
+            raise GraphError(f"conv: expected equal float dtypes, found {xi.dtype} and {wi.dtype}")
+        x, out, details = self._conv_geometry(x, w, stride, padding, dilation, groups)
+        return self._push(out, xi.dtype, Conv(x, w, details))
+
+    def int_conv(
+        self,
+        x: Value,
+        w: Value,
+        x_zero: Value,
+        w_zero: Value,
+        stride: Sequence[int] | None = None,
+        padding: Sequence[int] | None = None,
+        dilation: Sequence[int] | None = None,
+        groups: int = 1,
+    ) -> Value:
+        """Integer convolution with int32 accumulation (`IntConv`): 8-bit x and w, a scalar
+        x_zero of x's dtype, w_zero of w's dtype as a scalar or one per filter [K]."""
+        xi, wi, zxi, zwi = self[x], self[w], self[x_zero], self[w_zero]
+        _check_int8("int_conv", xi.dtype, wi.dtype)
+        if zxi.dtype != xi.dtype or zwi.dtype != wi.dtype:
+            raise GraphError(
+                f"int_conv: zero points must have their operand's dtype ({xi.dtype}, {wi.dtype}), "
+                f"found {zxi.dtype} and {zwi.dtype}"
+            )
+        x, out, details = self._conv_geometry(x, w, stride, padding, dilation, groups)
+        if zxi.shape.size() != Size(1):
+            raise GraphError(f"int_conv: x_zero must be one value, found shape {zxi.shape}")
+        x_zero = self.view(x_zero, Shape.of())
+        k = wi.shape[0]
+        if zwi.shape.size() == Size(1):
+            w_zero = self.broadcast(self.view(w_zero, Shape.of()), Shape.of(k))
+        elif zwi.shape != Shape.of(k):
+            raise GraphError(f"int_conv: w_zero must be a scalar or [{k}], found {zwi.shape}")
+        return self._push(out, DType.I32, IntConv(x, w, x_zero, w_zero, details))
+
+    def _conv_geometry(
+        self,
+        x: Value,
+        w: Value,
+        stride: Sequence[int] | None,
+        padding: Sequence[int] | None,
+        dilation: Sequence[int] | None,
+        groups: int,
+    ) -> tuple[Value, Shape, ConvDetails]:
+        """Validated geometry of a convolution: x (conformed), the output shape, the details."""
+        xi, wi = self[x], self[w]
         nd = xi.rank - 2
         if nd < 1 or wi.rank != xi.rank:
             raise GraphError(
                 f"conv: expected x [N,C,*spatial] and w of equal rank, found {xi.shape} and {wi.shape}"
             )
-        if xi.dtype != wi.dtype or not xi.dtype.is_float:
-            raise GraphError(f"conv: expected equal float dtypes, found {xi.dtype} and {wi.dtype}")
         stride = tuple(stride or (1,) * nd)
         padding = tuple(padding or (0,) * nd)
         dilation = tuple(dilation or (1,) * nd)
@@ -115,8 +175,7 @@ class ComputeBuilders(LayoutBuilders):
                     f"the kernel ({k}, dilation {dilation[i]})",
                 )
             out.append(o)
-        details = ConvDetails(tuple(stride), padding, tuple(dilation), groups)
-        return self._push(Shape.from_seq(out), xi.dtype, Conv(x, w, details))
+        return x, Shape.from_seq(out), ConvDetails(tuple(stride), padding, tuple(dilation), groups)
 
     def matmul(self, a: Value, b: Value) -> Value:
         """Batched product [b, m, k] @ [b, k, n] (rank 3, equal batch); see `matmul_nd`."""
@@ -144,6 +203,36 @@ class ComputeBuilders(LayoutBuilders):
             pb = self.broadcast(self.view(b, Shape.of(bsz, 1, k, n)), full)
             return self.reduce(self.binary(BinaryOp.MUL, pa, pb), [2], ReduceOp.SUM)
         return self._push(Shape.of(bsz, m, n), ai.dtype, MatMul(a, b))
+
+    def int_matmul(self, a: Value, b: Value, a_zero: Value, b_zero: Value) -> Value:
+        """Integer product with int32 accumulation (`IntMatMul`): 8-bit a [b, m, k] and
+        b [b, k, n]; a_zero broadcastable to [b, m, 1] with a's dtype, b_zero to [b, 1, n] with
+        b's dtype."""
+        ai, bi = self[a], self[b]
+        if ai.rank != 3 or bi.rank != 3 or ai.shape[0] != bi.shape[0] or ai.shape[2] != bi.shape[1]:
+            raise GraphError(
+                f"int_matmul: expected [b,m,k] @ [b,k,n], found {ai.shape} @ {bi.shape}"
+            )
+        _check_int8("int_matmul", ai.dtype, bi.dtype)
+        bsz, m, _ = ai.shape
+        n = bi.shape[2]
+        zeros = []
+        for name, z, dt, shape in (
+            ("a_zero", a_zero, ai.dtype, Shape.of(bsz, m, 1)),
+            ("b_zero", b_zero, bi.dtype, Shape.of(bsz, 1, n)),
+        ):
+            zi = self[z]
+            if zi.dtype != dt:
+                raise GraphError(
+                    f"int_matmul: {name} must be {dt} like its operand, found {zi.dtype}"
+                )
+            try:
+                zeros.append(self.broadcast(z, shape))
+            except GraphError:
+                raise GraphError(
+                    f"int_matmul: {name} of shape {zi.shape} does not broadcast to {shape}"
+                ) from None
+        return self._push(Shape.of(bsz, m, n), DType.I32, IntMatMul(a, b, *zeros))
 
     def unary(self, op: UnaryOp, x: Value) -> Value:
         info = self[x]

@@ -231,6 +231,29 @@ class NNBuilders(ComputeBuilders):
     # -- matmul and linear ------------------------------------------------------------------------
     def matmul_nd(self, a: Value, b: Value) -> Value:
         """NumPy `a @ b`: rank-1 promotion and batch broadcasting, lowered to a rank-3 MatMul."""
+        return self._matmul_nd(a, b, None)
+
+    def int_matmul_nd(self, a: Value, b: Value, a_zero: Value, b_zero: Value) -> Value:
+        """ONNX MatMulInteger: `(a - a_zero) @ (b - b_zero)` in int32 with NumPy's rank rules,
+        lowered to a rank-3 IntMatMul. a_zero is a scalar or one per row of a ([m]), b_zero a
+        scalar or one per column of b ([n]); each has its operand's 8-bit dtype."""
+        zeros = []
+        for name, z, x, axis in (("a_zero", a_zero, a, -2), ("b_zero", b_zero, b, -1)):
+            zi, xi = self[z], self[x]
+            if zi.shape.size() == Size(1):
+                zeros.append(self.view(z, Shape.of()))
+            elif zi.rank == 1 and xi.rank >= 2 and zi.shape[0] == xi.shape[axis]:
+                zeros.append(z)
+            else:
+                raise GraphError(
+                    f"int_matmul: {name} must be a scalar or 1-d of size {xi.shape[axis]} "
+                    f"(per {'row' if axis == -2 else 'column'}), found {zi.shape} for {xi.shape}"
+                )
+        return self._matmul_nd(a, b, (zeros[0], zeros[1]))
+
+    def _matmul_nd(self, a: Value, b: Value, zeros: tuple[Value, Value] | None) -> Value:
+        """`a @ b` (zeros None) or the integer product with zero points per row of a ([m] or
+        scalar) and per column of b ([n] or scalar), over rank-3 products."""
         ai, bi = self[a], self[b]
         if ai.rank == 0 or bi.rank == 0:
             raise GraphError(f"matmul: scalar operand ({ai.shape} @ {bi.shape})")
@@ -257,19 +280,35 @@ class NNBuilders(ComputeBuilders):
             a = self._conform(a, batch + Shape.of(m, k))
             b = self._conform(b, batch + Shape.of(k, n))
             sa, sb = self[a].shape, self[b].shape
+
         b_batch = Shape(sb.dims[:-2]).size()
         if b_batch == Size(1) and sa.rank >= 2:
             # fold a's batch into its rows: one GEMM instead of a batch of them
-            a3 = self.view(a, Shape.of(1, Shape(sa.dims[:-1]).size(), k))
+            rows = Shape(sa.dims[:-1]).size()
+            a3 = self.view(a, Shape.of(1, rows, k))
             b3 = self.view(b, Shape.of(1, k, n))
-            out = self.view(self.matmul(a3, b3), batch + Shape.of(m, n))
+            if zeros is None:
+                out = self.matmul(a3, b3)
+            else:
+                za = self._row_zero(zeros[0], Shape(sa.dims[:-2]), m, Shape.of(1, rows, 1))
+                zb = self.view(self._col_zero(zeros[1], n), Shape.of(1, 1, n))
+                out = self.int_matmul(a3, b3, za, zb)
+            out = self.view(out, batch + Shape.of(m, n))
         else:
             a_full = self.broadcast(a, batch + Shape.of(m, k))
             b_full = self.broadcast(b, batch + Shape.of(k, n))
             nb = batch.size()
-            out = self.matmul(
-                self.view(a_full, Shape.of(nb, m, k)), self.view(b_full, Shape.of(nb, k, n))
-            )
+            a3 = self.view(a_full, Shape.of(nb, m, k))
+            b3 = self.view(b_full, Shape.of(nb, k, n))
+            if zeros is None:
+                out = self.matmul(a3, b3)
+            else:
+                za = self._row_zero(zeros[0], batch, m, Shape.of(nb, m, 1))
+                zb = self.view(
+                    self.broadcast(self._col_zero(zeros[1], n), batch + Shape.of(1, n)),
+                    Shape.of(nb, 1, n),
+                )
+                out = self.int_matmul(a3, b3, za, zb)
             out = self.view(out, batch + Shape.of(m, n))
         shape = self[out].shape
         dims = list(shape.dims)
@@ -278,6 +317,16 @@ class NNBuilders(ComputeBuilders):
         if a_vec:
             dims.pop(-2 if not b_vec else -1)
         return self.view(out, Shape.from_seq(dims))
+
+    def _row_zero(self, z: Value, batch: Shape, m: Size, shape: Shape) -> Value:
+        """A per-row (or scalar) zero point as [*batch, m, 1], viewed as `shape`."""
+        col = self.view(z, Shape.of(m, 1)) if self[z].rank else self.view(z, Shape.of(1, 1))
+        return self.view(self.broadcast(col, batch + Shape.of(m, 1)), shape)
+
+    def _col_zero(self, z: Value, n: Size) -> Value:
+        """A per-column (or scalar) zero point as [1, n]."""
+        row = self.view(z, Shape.of(1, n)) if self[z].rank else self.view(z, Shape.of(1, 1))
+        return self.broadcast(row, Shape.of(1, n))
 
     def linear(self, x: Value, w: Value, b: Value | None = None) -> Value:
         """x @ wᵀ + b with w [out, in] (PyTorch's layout)."""

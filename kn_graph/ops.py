@@ -30,6 +30,8 @@ __all__ = [
     "Dynamic",
     "Gather",
     "Input",
+    "IntConv",
+    "IntMatMul",
     "Iota",
     "Layernorm",
     "MatMul",
@@ -263,6 +265,19 @@ class ConvDetails:
     def rank(self) -> int:
         return len(self.stride)
 
+    def describe(self) -> str:
+        """`s=2 p=1 d=2 g=32`, a tuple as `1x2` where its entries differ."""
+
+        def fmt(t: tuple[int, ...]) -> str:
+            return "x".join(map(str, t)) if len(set(t)) > 1 else str(t[0]) if t else "-"
+
+        s = f"s={fmt(self.stride)} p={fmt(self.padding)}"
+        if any(x != 1 for x in self.dilation):
+            s += f" d={fmt(self.dilation)}"
+        if self.groups != 1:
+            s += f" g={self.groups}"
+        return s
+
 
 class Op:
     """Base of every op. Subclasses are frozen slotted dataclasses naming operands in OPERANDS."""
@@ -399,17 +414,7 @@ class Conv(Op):
     NAME: ClassVar[str] = "conv"
 
     def attrs(self) -> str:
-        d = self.details
-
-        def fmt(t: tuple[int, ...]) -> str:
-            return "x".join(map(str, t)) if len(set(t)) > 1 else str(t[0]) if t else "-"
-
-        s = f"s={fmt(d.stride)} p={fmt(d.padding)}"
-        if any(x != 1 for x in d.dilation):
-            s += f" d={fmt(d.dilation)}"
-        if d.groups != 1:
-            s += f" g={d.groups}"
-        return s
+        return self.details.describe()
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,6 +425,41 @@ class MatMul(Op):
     b: Value
     OPERANDS: ClassVar[tuple[str, ...]] = ("a", "b")
     NAME: ClassVar[str] = "matmul"
+
+
+@dataclass(frozen=True, slots=True)
+class IntMatMul(Op):
+    """Integer product with int32 accumulation, [b, m, k] @ [b, k, n] -> i32 [b, m, n]:
+    out = Σ_k (a - a_zero)·(b - b_zero). a and b are 8-bit integers (u8 or i8, each its own);
+    the zero points have their operand's dtype and explicit shapes a_zero [b, m, 1] (per row)
+    and b_zero [b, 1, n] (per column): a per-tensor zero point is a broadcast scalar. Sums past
+    int32 wrap, as an int32 accumulator does."""
+
+    a: Value
+    b: Value
+    a_zero: Value
+    b_zero: Value
+    OPERANDS: ClassVar[tuple[str, ...]] = ("a", "b", "a_zero", "b_zero")
+    NAME: ClassVar[str] = "int_matmul"
+
+
+@dataclass(frozen=True, slots=True)
+class IntConv(Op):
+    """Integer cross-correlation with int32 accumulation of (x - x_zero) with (w - w_zero):
+    x [N, C, *spatial] and w [K, C/groups, *kernel] are 8-bit integers (u8 or i8), x_zero is a
+    scalar [] of x's dtype, w_zero [K] of w's dtype (one per filter). Padding is with x_zero,
+    i.e. zero after the shift, as ONNX ConvInteger and QLinearConv pad."""
+
+    x: Value
+    w: Value
+    x_zero: Value
+    w_zero: Value
+    details: ConvDetails
+    OPERANDS: ClassVar[tuple[str, ...]] = ("x", "w", "x_zero", "w_zero")
+    NAME: ClassVar[str] = "int_conv"
+
+    def attrs(self) -> str:
+        return self.details.describe()
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ from kn_graph.ops import (
     Dynamic,
     Gather,
     Input,
+    IntConv,
+    IntMatMul,
     Iota,
     Layernorm,
     MatMul,
@@ -208,6 +210,11 @@ def _compute(
         case MatMul(a, b):
             with np.errstate(over="ignore", invalid="ignore"):  # NaN/Inf flow, as in every op
                 return np.matmul(get(a), get(b))
+        case IntMatMul(a, b, za, zb):
+            return _wrap_i32(np.matmul(_shifted(get(a), get(za)), _shifted(get(b), get(zb))))
+        case IntConv(x, w, zx, zw, details):
+            zw_k = get(zw).reshape((-1,) + (1,) * (len(get(w).shape) - 1))
+            return _wrap_i32(_conv(_shifted(get(x), get(zx)), _shifted(get(w), zw_k), details))
         case Unary(x, op):
             return numpy_ops.unary(op, get(x), dt)
         case Binary(a, b, op):
@@ -329,6 +336,17 @@ def _extreme(dtype: np.dtype, high: bool) -> object:
         return high
     info = np.iinfo(dtype)
     return info.max if high else info.min
+
+
+def _shifted(q: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """q - zero in float64: exact for 8-bit operands, and sums of their products stay exact up
+    to 2^53 (BLAS speed for an integer GEMM, which NumPy computes without BLAS)."""
+    return q.astype(np.float64) - zero.astype(np.float64)
+
+
+def _wrap_i32(acc: np.ndarray) -> np.ndarray:
+    """An exact integral float64 sum as an int32 accumulator holds it (wrapping past 2^31)."""
+    return acc.astype(np.int64).astype(np.int32)
 
 
 def _conv(x: np.ndarray, w: np.ndarray, d: ConvDetails) -> np.ndarray:

@@ -36,6 +36,8 @@ from kn_graph.ops import (
     Dynamic,
     Gather,
     Input,
+    IntConv,
+    IntMatMul,
     Iota,
     Layernorm,
     MatMul,
@@ -82,7 +84,7 @@ def family(op: Op) -> str:
             return "view / shape"
         case Unary() | Binary() | Select():
             return "elementwise"
-        case MatMul() | Conv():
+        case MatMul() | Conv() | IntMatMul() | IntConv():
             return "matmul / conv"
         case Reduce() | Softmax() | Layernorm():
             return "reduce / norm"

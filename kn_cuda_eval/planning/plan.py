@@ -28,6 +28,7 @@ from kn_cuda_eval.planning.view import StridedView
 from kn_graph.errors import ArgumentTypeError, ArgumentValueError, PlanError
 from kn_graph.filemap import check_all
 from kn_graph.graph import Graph
+from kn_graph.integer import has_integer_products, lower_integer_products
 from kn_graph.ops import Constant, Dynamic
 
 __all__ = ["Plan", "plan"]
@@ -121,6 +122,8 @@ def plan(
             "only at run time; run it in segments (kn_cuda_eval.planning.segments, as devices do)"
         )
     sets = settings if settings is not None else PlanSettings()
+    if has_integer_products(graph):  # no integer GEMM/conv step yet: exact float64 ones
+        graph = lower_integer_products(graph)
     binds = bind_symbols(graph, batch_size, bindings)
     p = Planner(graph, binds, sets)
     p.run()

@@ -60,6 +60,8 @@ from kn_graph.ops import (
     Dynamic,
     Gather,
     Input,
+    IntConv,
+    IntMatMul,
     Iota,
     Layernorm,
     MatMul,
@@ -420,6 +422,11 @@ class Planner:
                     None if mask is None else mask.index,
                     scale,
                     causal,
+                )
+            case IntMatMul() | IntConv():
+                raise PlanError(
+                    f"{self.g.format_value(self.val(i))}: integer products are lowered before "
+                    "planning (kn_graph.integer.lower_integer_products, which plan() applies)"
                 )
             case Dynamic():
                 raise PlanError(

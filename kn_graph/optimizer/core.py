@@ -28,6 +28,8 @@ from kn_graph.ops import (
     Dynamic,
     Gather,
     Input,
+    IntConv,
+    IntMatMul,
     Iota,
     Layernorm,
     MatMul,
@@ -155,6 +157,10 @@ def copy_op(g: Graph, info: ValueInfo, op: Op) -> Value:
             return g.conv(x, w, d.stride, d.padding, d.dilation, d.groups)
         case MatMul(a, b):
             return g.matmul(a, b)
+        case IntMatMul(a, b, za, zb):
+            return g.int_matmul(a, b, za, zb)
+        case IntConv(x, w, zx, zw, d):
+            return g.int_conv(x, w, zx, zw, d.stride, d.padding, d.dilation, d.groups)
         case Unary(x, u):
             if u is UnaryOp.CAST:
                 return g.cast(x, info.dtype)

@@ -134,6 +134,12 @@ def dynamic_quantize_linear(ctx: NodeContext) -> Result:
     dt = g.dtype(x)
     if dt != DType.F32:
         ctx.unsupported(f"expected an f32 input, found {dt}")
+    return list(dynamic_quantize(g, x))
+
+
+def dynamic_quantize(g: Graph, x: Value) -> tuple[Value, Value, Value]:
+    """(y, scale, zero point) of f32 x quantized to uint8 over [min(0, min x), max(0, max x)],
+    as DynamicQuantizeLinear and onnxruntime's dynamically quantized kernels compute them."""
     every = list(range(g[x].rank))
     hi = g.maximum(g.reduce(x, every, ReduceOp.MAX), 0.0)
     lo = g.minimum(g.reduce(x, every, ReduceOp.MIN), 0.0)
@@ -141,4 +147,4 @@ def dynamic_quantize_linear(ctx: NodeContext) -> Result:
     scale = g.div(g.select(g.binary(BinaryOp.EQ, hi, lo), 1.0, span), 255.0)
     zp = g.unary(UnaryOp.ROUND, g.minimum(g.maximum(g.sub(0.0, g.div(lo, scale)), 0.0), 255.0))
     q = g.add(g.unary(UnaryOp.ROUND, g.div(x, scale)), zp)
-    return [_saturate(g, q, DType.U8), scale, g.cast(zp, DType.U8)]
+    return _saturate(g, q, DType.U8), scale, g.cast(zp, DType.U8)
