@@ -97,6 +97,8 @@ def tensor_to_array(
                 )
             u16 = np.asarray(t.int32_data, dtype=np.uint32).astype(np.uint16)
         return (u16.astype(np.uint32) << 16).view(np.float32).reshape(dims)
+    if t.data_type in _NIBBLES:
+        return _nibbles(t, where, folder, files, dims)
     dt = onnx_dtype(t.data_type, where)
     raw = _tensor_bytes(t, where, folder, files, count * dt.size, f"{dt}{list(dims)}")
     if raw is not None:
@@ -110,6 +112,30 @@ def tensor_to_array(
     except Exception as e:
         raise OnnxImportError(f"{where}: cannot decode tensor data ({e})") from None
     return arr.astype(dt.np, copy=False)
+
+
+_NIBBLES = {onnx.TensorProto.INT4: np.int8, onnx.TensorProto.UINT4: np.uint8}
+"""4-bit element types, widened to int8 / uint8 constants (the IR's narrowest integers), as
+bfloat16 widens to float32: 4-bit weights load, and their dequantization is exact."""
+
+
+def _nibbles(
+    t: onnx.TensorProto, where: str, folder: Path | None, files: FileMaps, dims: tuple[int, ...]
+) -> np.ndarray:
+    """An INT4 / UINT4 tensor: two values per byte, the first in the low nibble."""
+    count = math.prod(dims)
+    wide = _NIBBLES[t.data_type]
+    raw = _tensor_bytes(t, where, folder, files, (count + 1) // 2, f"int4{list(dims)}")
+    if raw is None:
+        try:
+            return numpy_helper.to_array(t).astype(wide).reshape(dims)
+        except Exception as e:
+            raise OnnxImportError(f"{where}: cannot decode tensor data ({e})") from None
+    packed = np.frombuffer(raw, dtype=np.uint8)
+    vals = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(-1)[:count]
+    if wide is np.int8:
+        vals = ((vals ^ 8).astype(np.int16) - 8).astype(np.int8)  # sign-extend the nibble
+    return vals.astype(wide).reshape(dims)
 
 
 def _tensor_bytes(

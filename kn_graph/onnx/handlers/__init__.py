@@ -15,6 +15,7 @@ from kn_graph.onnx.handlers import (  # noqa: F401
     norm,  # BatchNorm, InstanceNorm, GroupNorm, LayerNorm, RMSNorm
     pool,  # Max/Average/Lp/Global pooling
     quant,  # QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear
+    quant_blocked,  # com.microsoft MatMulNBits, GatherBlockQuantized (block-quantized weights)
     quant_gemm,  # MatMulInteger, ConvInteger, QLinearMatMul/Conv, QGemm, ...: IntMatMul/IntConv
     reduce,  # Reduce*, ArgMax/ArgMin, CumSum/CumProd
     resize,  # Resize, Upsample
