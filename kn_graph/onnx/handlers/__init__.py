@@ -3,6 +3,8 @@
 from kn_graph.onnx.handlers import (  # noqa: F401
     attention,  # ONNX Attention (opset 23+), lowered to the IR Attention op
     contrib_activation,  # com.microsoft FastGelu, BiasGelu, QuickGelu, BiasAdd, ...
+    contrib_attention,  # com.microsoft Attention, MultiHeadAttention
+    contrib_embed,  # com.microsoft EmbedLayerNormalization
     contrib_norm,  # com.microsoft Skip*LayerNormalization, GroupNorm; SimplifiedLayerNormalization
     control,  # If with a load-time condition
     conv,  # Conv, ConvTranspose, Col2Im, CausalConvWithState
