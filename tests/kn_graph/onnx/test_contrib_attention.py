@@ -167,3 +167,30 @@ def test_embed_layer_norm_with_position_ids_and_no_segments() -> None:
     feed["posids"] = np.array([[3, 2, 1, 0]], np.int32)
     order = ["ids", "", "word", "pos", "", "gamma", "beta", "", "posids"]
     check(ms_model("EmbedLayerNormalization", feed, ["y", "mask_index"], order=order), feed)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize(
+    ("layout", "positions", "rotary_dim"),
+    [("bsd", "offset", 0), ("bsd", "ids", 0), ("bhsd", "ids", 0), ("bsd", "offset", 4)],
+)
+def test_contrib_rotary_embedding(
+    interleaved: int, layout: str, positions: str, rotary_dim: int
+) -> None:
+    x = rand(RNG, B, S, H * 8) if layout == "bsd" else rand(RNG, B, H, S, 8)
+    pos = np.array([3], np.int64) if positions == "offset" else RNG.integers(0, 10, (B, S))
+    half = (rotary_dim or 8) // 2
+    angles = np.arange(10)[:, None] * (0.5 ** np.arange(half))[None]
+    feed = {"x": x, "pos": pos.astype(np.int64), "cos": np.cos(angles).astype(np.float32)}
+    feed["sin"] = np.sin(angles).astype(np.float32)
+    attrs = {"interleaved": interleaved}
+    if rotary_dim or layout == "bsd":
+        attrs |= {"num_heads": H, "rotary_embedding_dim": rotary_dim}
+    check(ms_model("RotaryEmbedding", feed, **attrs), feed)
+
+
+def test_contrib_rotary_packed_batching_is_refused() -> None:
+    feed = {"x": rand(RNG, B, S, 8), "pos": np.array([0], np.int64)}
+    feed |= {"cos": rand(RNG, 10, 4), "sin": rand(RNG, 10, 4)}
+    with pytest.raises(UnsupportedOnnxError, match="is_packed_batching"):
+        load_onnx(ms_model("RotaryEmbedding", feed, is_packed_batching=1))
