@@ -2,6 +2,11 @@
 
 from kn_graph.onnx.handlers import (  # noqa: F401
     attention,  # ONNX Attention (opset 23+), lowered to the IR Attention op
+    contrib_activation,  # com.microsoft FastGelu, BiasGelu, QuickGelu, BiasAdd, ...
+    contrib_attention,  # com.microsoft Attention, MultiHeadAttention
+    contrib_embed,  # com.microsoft EmbedLayerNormalization
+    contrib_norm,  # com.microsoft Skip*LayerNormalization, GroupNorm; SimplifiedLayerNormalization
+    contrib_rotary,  # com.microsoft RotaryEmbedding
     control,  # If with a load-time condition
     conv,  # Conv, ConvTranspose, Col2Im, CausalConvWithState
     deform_conv,

@@ -18,7 +18,7 @@ from kn_graph.onnx.handlers.attention_mask import Restrictions, attention_bias, 
 from kn_graph.ops import UnaryOp, Value
 from kn_graph.shape import Shape, Size
 
-__all__ = ["attention"]
+__all__ = ["attention", "fused_attention"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +103,12 @@ def _repeat_heads(ctx: NodeContext, x: Value, reps: int) -> Value:
     return x if reps == 1 else ctx.graph.repeat_interleave(x, 1, reps)
 
 
-def _fused(
-    ctx: NodeContext, q: Value, k: Value, v: Value, bias: Value | None, causal: bool, s: Settings
+def fused_attention(
+    ctx: NodeContext, q: Value, k: Value, v: Value, bias: Value | None, causal: bool, scale: float
 ) -> Value:
+    """softmax(q·kᵀ·scale + bias)·v as the IR's Attention op: q [B, Hq, m, D], k/v [B, Hkv, n, D]
+    (each key/value head shared by Hq / Hkv query heads), bias broadcastable to [B, Hq, m, n];
+    `causal` is the IR's bottom-right aligned causal limit. Returns [B, Hq, m, Dv]."""
     g = ctx.graph
     b, hq, m, _ = g.shape(q)
     hkv, n = g.shape(k)[1], g.shape(k)[2]
@@ -120,7 +123,7 @@ def _fused(
     mask = None
     if bias is not None:
         mask = g.view(g.broadcast(bias, Shape.of(b, hq, m, n)), Shape.of(flat, m, n))
-    y = g.attention(three(q), three(k), three(v), mask, s.scale, causal)
+    y = g.attention(three(q), three(k), three(v), mask, scale, causal)
     return g.view(y, Shape.of(b, hq, m, g.shape(v)[3]))
 
 
@@ -204,7 +207,7 @@ def attention(ctx: NodeContext) -> list[Result | None]:
     if s.softcap > 0 or s.wants_qk or s.precision is not None:
         y, qk_out = _explicit(ctx, q, k, v, bias, guard, s)
     else:
-        y, qk_out = _fused(ctx, q, k, v, bias, fused_causal, s), None
+        y, qk_out = fused_attention(ctx, q, k, v, bias, fused_causal, s.scale), None
         if guard is not None:
             y = g.select(guard, g.scalar(0.0, dtype), y)
     if three_d:

@@ -15,6 +15,7 @@ from kn_graph.shape import Shape, Size
 __all__ = [
     "MAX_LRN_SIZE",
     "batch_norm",
+    "float_input",
     "group_norm",
     "instance_norm",
     "layer_norm",
@@ -22,20 +23,23 @@ __all__ = [
     "lrn",
     "mean_variance_norm",
     "rms_norm",
+    "stash_dtype",
+    "stats_input",
+    "wants_output",
 ]
 
 MAX_LRN_SIZE = 4096
 """The widest LRN window (models use 3 to 5 channels)."""
 
 
-def _float_input(ctx: NodeContext, i: int = 0) -> Value:
+def float_input(ctx: NodeContext, i: int = 0) -> Value:
     x = ctx.input(i)
     if not ctx.graph.dtype(x).is_float:
         ctx.unsupported(f"expected a float input, found {ctx.graph.dtype(x)}")
     return x
 
 
-def _wants_output(ctx: NodeContext, i: int) -> bool:
+def wants_output(ctx: NodeContext, i: int) -> bool:
     return i < len(ctx.node.output) and ctx.node.output[i] != ""
 
 
@@ -67,7 +71,7 @@ def batch_norm(ctx: NodeContext) -> list[Result | None]:
     ctx.ignore_attrs("momentum", "consumed_inputs")
     spatial = ctx.attr_bool("spatial", True) if ctx.opset < 9 else 1
     eps = ctx.attr_float("epsilon", 1e-5)
-    x = _float_input(ctx)
+    x = float_input(ctx)
     rank = g[x].rank
     if rank < 2:
         ctx.unsupported(f"expected an input [N, C, ...], found {g.shape(x)}")
@@ -86,7 +90,7 @@ def batch_norm(ctx: NodeContext) -> list[Result | None]:
 @onnx_op("InstanceNormalization")
 def instance_norm(ctx: NodeContext) -> Result:
     g = ctx.graph
-    x = _float_input(ctx)
+    x = float_input(ctx)
     if g[x].rank < 3:
         ctx.unsupported(f"expected an input [N, C, *spatial], found {g.shape(x)}")
     eps = ctx.attr_float("epsilon", 1e-5)
@@ -97,12 +101,12 @@ def instance_norm(ctx: NodeContext) -> Result:
 def group_norm(ctx: NodeContext) -> Result:
     """Opset 18 takes scale and bias per group, opset 21 per channel."""
     g = ctx.graph
-    x = _float_input(ctx)
+    x = float_input(ctx)
     if g[x].rank < 3:
         ctx.unsupported(f"expected an input [N, C, *spatial], found {g.shape(x)}")
     groups = ctx.attr_int("num_groups")
     eps = ctx.attr_float("epsilon", 1e-5)
-    _stash_dtype(ctx, g.dtype(x))
+    stash_dtype(ctx, g.dtype(x))
     scale, bias = ctx.input(1), ctx.input(2)
     c = g.shape(x)[1]
     if groups < 1 or not Size(groups).divides(c):
@@ -117,14 +121,14 @@ def group_norm(ctx: NodeContext) -> Result:
 
 
 # -- layer and RMS normalisation ----------------------------------------------------------------------
-def _stash_dtype(ctx: NodeContext, x_dtype: DType) -> DType:
+def stash_dtype(ctx: NodeContext, x_dtype: DType) -> DType:
     """The precision of the statistics (ONNX `stash_type`, float by default)."""
     if not ctx.has_attr("stash_type"):
         return DType.F32 if x_dtype == DType.F16 else x_dtype
     return onnx_dtype(ctx.attr_int("stash_type"), f"node '{ctx.name}' stash_type")
 
 
-def _stats_input(ctx: NodeContext, x: Value, stash: DType) -> Value:
+def stats_input(ctx: NodeContext, x: Value, stash: DType) -> Value:
     """x in the stash precision; f16 needs no cast (the Layernorm op computes it in f32)."""
     if stash == DType.F32 and ctx.graph.dtype(x) == DType.F16:
         return x
@@ -136,19 +140,19 @@ def layer_norm(ctx: NodeContext) -> list[Result | None]:
     """Normalise over axes axis..rank-1; the Mean and InvStdDev outputs (in the stash type) are
     computed only when the node names them."""
     g = ctx.graph
-    x = _float_input(ctx)
+    x = float_input(ctx)
     rank = g[x].rank
     axis = ctx.axis(ctx.attr_int("axis", -1), rank)
     eps = ctx.attr_float("epsilon", 1e-5)
     dtype = g.dtype(x)
-    stash = _stash_dtype(ctx, dtype)
-    xs = _stats_input(ctx, x, stash)
+    stash = stash_dtype(ctx, dtype)
+    xs = stats_input(ctx, x, stash)
     y = g.cast(g.layer_norm(xs, axis, eps), dtype)
     y = g.mul(y, ctx.input(1))
     if ctx.has_input(2):
         y = g.add(y, ctx.input(2))
     outs: list[Result | None] = [_same_shape(ctx, y, x, "scale/bias"), None, None]
-    if _wants_output(ctx, 1) or _wants_output(ctx, 2):
+    if wants_output(ctx, 1) or wants_output(ctx, 2):
         xc = g.cast(x, stash)
         axes = list(range(axis, rank))
         mean = g.reduce(xc, axes, ReduceOp.MEAN, keepdims=True)
@@ -163,12 +167,12 @@ def layer_norm(ctx: NodeContext) -> list[Result | None]:
 def rms_norm(ctx: NodeContext) -> Result:
     """x / sqrt(mean(x^2 over axis..rank-1) + eps) * scale."""
     g = ctx.graph
-    x = _float_input(ctx)
+    x = float_input(ctx)
     rank = g[x].rank
     axis = ctx.axis(ctx.attr_int("axis", -1), rank)
     eps = ctx.attr_float("epsilon", 1e-5)
     dtype = g.dtype(x)
-    xs = g.cast(x, _stash_dtype(ctx, dtype))
+    xs = g.cast(x, stash_dtype(ctx, dtype))
     ms = g.reduce(g.mul(xs, xs), list(range(axis, rank)), ReduceOp.MEAN, keepdims=True)
     y = g.cast(g.div(xs, g.sqrt(g.add(ms, eps))), dtype)
     return _same_shape(ctx, g.mul(y, ctx.input(1)), x, "scale")
@@ -179,7 +183,7 @@ def rms_norm(ctx: NodeContext) -> Result:
 def lrn(ctx: NodeContext) -> Result:
     """x / (bias + alpha/size · sum of x² over a window of `size` channels) ^ beta."""
     g = ctx.graph
-    x = _float_input(ctx)
+    x = float_input(ctx)
     if g[x].rank < 3:
         ctx.unsupported(f"expected an input [N, C, *spatial], found {g.shape(x)}")
     size = ctx.attr_int("size")
@@ -202,7 +206,7 @@ def lrn(ctx: NodeContext) -> Result:
 @onnx_op("LpNormalization")
 def lp_norm(ctx: NodeContext) -> Result:
     g = ctx.graph
-    x = _float_input(ctx)
+    x = float_input(ctx)
     axis = ctx.axis(ctx.attr_int("axis", -1), g[x].rank)
     p = ctx.attr_int("p", 2)
     match p:
@@ -220,7 +224,7 @@ def lp_norm(ctx: NodeContext) -> Result:
 def mean_variance_norm(ctx: NodeContext) -> Result:
     """(x - mean) / (std + 1e-9) over `axes`, as the ONNX function body defines it."""
     g = ctx.graph
-    x = _float_input(ctx)
+    x = float_input(ctx)
     rank = g[x].rank
     axes = [ctx.axis(a, rank) for a in ctx.attr_ints("axes", [0, 2, 3]) or []]
     mean = g.reduce(x, axes, ReduceOp.MEAN, keepdims=True)

@@ -10,7 +10,7 @@ from kn_graph.onnx.context import NodeContext, Result, onnx_op
 from kn_graph.ops import Value
 from kn_graph.shape import Shape, Size
 
-__all__ = ["rotary_embedding"]
+__all__ = ["rotary_embedding", "rotate_pairs"]
 
 
 def _cache(ctx: NodeContext, i: int, b: Size, s: Size, half: int) -> Value:
@@ -40,7 +40,9 @@ def _cache(ctx: NodeContext, i: int, b: Size, s: Size, half: int) -> Value:
     return g.view(rows, Shape.of(b, s, half))
 
 
-def _rotate(ctx: NodeContext, x: Value, cos: Value, sin: Value, interleaved: bool) -> Value:
+def rotate_pairs(ctx: NodeContext, x: Value, cos: Value, sin: Value, interleaved: bool) -> Value:
+    """x (last axis: the rotated features) with its pairs rotated by cos/sin (broadcastable to
+    x with a last axis of half the size); the pairs are halves or, interleaved, neighbours."""
     g = ctx.graph
     axis = g[x].rank - 1
     d = g.shape(x)[axis].as_int()
@@ -84,7 +86,7 @@ def rotary_embedding(ctx: NodeContext) -> Result:
     head_axis = 1 if shape.rank == 4 else 2
     cos, sin = (g.unsqueeze(_cache(ctx, i, b, s, rd // 2), [head_axis]) for i in (1, 2))
     last = g[work].rank - 1
-    rotated = _rotate(ctx, g.slice(work, last, 0, rd), cos, sin, interleaved)
+    rotated = rotate_pairs(ctx, g.slice(work, last, 0, rd), cos, sin, interleaved)
     if rd < d:
         rotated = g.concat([rotated, g.slice(work, last, rd, d)], last)
     return g.view(rotated, shape)

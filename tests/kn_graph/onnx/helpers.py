@@ -22,7 +22,9 @@ def model(
     inits: Mapping[str, np.ndarray] | None = None,
     dims: Mapping[str, Sequence[int | str]] | None = None,
     opset: int = 18,
+    domains: Mapping[str, int] | None = None,
 ) -> onnx.ModelProto:
+    """A graph of `nodes`; `domains` adds operator sets besides ONNX's (e.g. com.microsoft)."""
     dims = dims or {}
     ins = [
         helper.make_tensor_value_info(
@@ -30,10 +32,12 @@ def model(
         )
         for n, a in inputs.items()
     ]
-    outs = [onnx.ValueInfoProto(name=n) for n in outputs]
+    outs = [onnx.ValueInfoProto(name=n) for n in outputs if n]
     init = [numpy_helper.from_array(np.asarray(a), n) for n, a in (inits or {}).items()]
     g = helper.make_graph(list(nodes), "g", ins, outs, initializer=init)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    opsets = [helper.make_opsetid("", opset)]
+    opsets += [helper.make_opsetid(d, v) for d, v in (domains or {}).items()]
+    return helper.make_model(g, opset_imports=opsets, ir_version=10)
 
 
 def node(
