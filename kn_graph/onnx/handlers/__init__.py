@@ -5,6 +5,7 @@ from kn_graph.onnx.handlers import (  # noqa: F401
     contrib_activation,  # com.microsoft FastGelu, BiasGelu, QuickGelu, BiasAdd, ...
     contrib_attention,  # com.microsoft Attention, MultiHeadAttention
     contrib_embed,  # com.microsoft EmbedLayerNormalization
+    contrib_fused,  # com.microsoft FusedMatMul, FusedGemm, FusedConv (onnxruntime's saved fusions)
     contrib_norm,  # com.microsoft Skip*LayerNormalization, GroupNorm; SimplifiedLayerNormalization
     contrib_rotary,  # com.microsoft RotaryEmbedding
     control,  # If with a load-time condition

@@ -4,22 +4,18 @@ SkipLayerNormalization, BiasGelu and FastGelu; the fused model, generated here i
 loads and matches onnxruntime on the fixture's stored inputs, on our reference executor and on
 Device.cpu().
 
-The optimizer asks onnxruntime's symbolic shape inference for edge shapes and types, which needs
-sympy (not a dependency of ours); `RunShapes` answers the same questions from one onnxruntime run
-of the unfused model (every edge made an output), so the fusions themselves are onnxruntime's."""
+The second test saves what onnxruntime's own session optimizer makes of the fixtures (basic and
+extended levels: FusedMatMul, FusedGemm, BiasGelu, FastGelu), as a user does with
+`SessionOptions.optimized_model_filepath`, and checks that model the same way."""
 
 from __future__ import annotations
 
-import collections
-import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper
 from onnxruntime.transformers import optimizer
 
 from kn_graph.graph import Graph
@@ -29,42 +25,6 @@ from kn_runtime import Device
 from tests.kn_graph.onnx.nn_helpers import assert_close
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
-
-
-class RunShapes:
-    """Stands in for onnxruntime's SymbolicShapeInferenceHelper: the concrete shape and element
-    type of every edge of one run; an edge made by a fusion is unknown (None), as it would be to
-    a failed inference, which makes a fusion skip its optional shape checks or decline."""
-
-    def __init__(self, edges: Mapping[str, tuple[list[int], int]]) -> None:
-        self.edges = dict(edges)
-        known = {
-            name: helper.make_tensor_value_info(name, elem, [None] * len(shape))
-            for name, (shape, elem) in edges.items()
-        }
-        self.known_vi_ = collections.defaultdict(onnx.ValueInfoProto, known)
-
-    def infer(self, *args: object, **kwargs: object) -> bool:
-        return True
-
-    def get_edge_shape(self, name: str) -> list[int] | None:
-        return self.edges[name][0] if name in self.edges else None
-
-    def compare_shape(self, a: str, b: str) -> bool:
-        sa, sb = self.get_edge_shape(a), self.get_edge_shape(b)
-        return sa is not None and sa == sb
-
-
-def _edges(path: Path, feed: Mapping[str, np.ndarray]) -> dict[str, tuple[list[int], int]]:
-    m = onnx.load(str(path))
-    have = {o.name for o in m.graph.output}
-    for n in m.graph.node:
-        m.graph.output.extend(onnx.ValueInfoProto(name=o) for o in n.output if o and o not in have)
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    outs = sess.run(None, dict(feed))
-    arrays = {o.name: np.asarray(a) for o, a in zip(sess.get_outputs(), outs, strict=True)}
-    arrays |= dict(feed)
-    return {n: (list(a.shape), helper.np_dtype_to_tensor_dtype(a.dtype)) for n, a in arrays.items()}
 
 
 def _feeds(name: str) -> list[dict[str, np.ndarray]]:
@@ -85,15 +45,9 @@ def _feeds(name: str) -> list[dict[str, np.ndarray]]:
     ],
 )
 def test_optimizer_fused_fixture_matches_onnxruntime(
-    name: str, model_type: str, fused: set[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, model_type: str, fused: set[str], tmp_path: Path
 ) -> None:
     path = MODELS / f"{name}.onnx"
-    feeds = _feeds(name)  # padded rows in the second case: masks reach Attention
-    edges = _edges(path, feeds[-1])
-    onnx_model = sys.modules["onnx_model"]  # the optimizer's own import of its helper module
-    monkeypatch.setattr(
-        onnx_model.OnnxModel, "infer_runtime_shape", lambda self, *a, **k: RunShapes(edges)
-    )
     # the fixtures' sizes (tests/models/manifest.json): hidden 64, 4 heads
     opt = optimizer.optimize_model(
         str(path), model_type=model_type, num_heads=4, hidden_size=64, opt_level=0
@@ -103,6 +57,30 @@ def test_optimizer_fused_fixture_matches_onnxruntime(
     m = onnx.load(str(out))
     ops = {n.op_type for n in m.graph.node if n.domain == "com.microsoft"}
     assert fused <= ops, f"the optimizer fused only {sorted(ops)}"
+    _check(m, _feeds(name))  # padded rows in the second case: masks reach Attention
+
+
+@pytest.mark.parametrize("name", ["bert_ts", "gpt2_ts"])
+@pytest.mark.parametrize(
+    "level",
+    [ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED],
+)
+def test_session_optimized_fixture_matches_onnxruntime(
+    name: str, level: ort.GraphOptimizationLevel, tmp_path: Path
+) -> None:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    so.optimized_model_filepath = str(tmp_path / f"{name}_opt.onnx")
+    ort.InferenceSession(str(MODELS / f"{name}.onnx"), so, providers=["CPUExecutionProvider"])
+    m = onnx.load(so.optimized_model_filepath)
+    if level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED:
+        ops = {n.op_type for n in m.graph.node if n.domain == "com.microsoft"}
+        assert "FusedMatMul" in ops, sorted(ops)
+    _check(m, _feeds(name))
+
+
+def _check(m: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> None:
+    """The model on the reference executor and Device.cpu() against onnxruntime, per feed."""
     g = load_onnx(m)
     assert isinstance(g, Graph)
     prepared = Device.cpu().prepare(g)
