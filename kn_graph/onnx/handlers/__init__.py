@@ -15,6 +15,7 @@ from kn_graph.onnx.handlers import (  # noqa: F401
     norm,  # BatchNorm, InstanceNorm, GroupNorm, LayerNorm, RMSNorm
     pool,  # Max/Average/Lp/Global pooling
     quant,  # QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear
+    quant_contrib,  # onnxruntime's QLinearAdd, QLinearSoftmax, QLinearConcat, … (com.microsoft)
     reduce,  # Reduce*, ArgMax/ArgMin, CumSum/CumProd
     resize,  # Resize, Upsample
     rnn,  # RNN, LSTM, GRU (unrolled)
