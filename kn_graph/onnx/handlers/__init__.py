@@ -22,6 +22,7 @@ from kn_graph.onnx.handlers import (  # noqa: F401
     pool,  # Max/Average/Lp/Global pooling
     quant,  # QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear
     quant_blocked,  # com.microsoft MatMulNBits, GatherBlockQuantized (block-quantized weights)
+    quant_contrib,  # onnxruntime's QLinearAdd, QLinearSoftmax, QLinearConcat, … (com.microsoft)
     quant_gemm,  # MatMulInteger, ConvInteger, QLinearMatMul/Conv, QGemm, ...: IntMatMul/IntConv
     reduce,  # Reduce*, ArgMax/ArgMin, CumSum/CumProd
     resize,  # Resize, Upsample

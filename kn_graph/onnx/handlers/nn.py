@@ -10,7 +10,7 @@ from kn_graph.onnx.context import NodeContext, Result, onnx_op
 from kn_graph.ops import BinaryOp, ReduceOp, Value
 from kn_graph.shape import Shape, Size
 
-__all__ = ["gemm", "hardmax", "log_softmax", "matmul", "softmax"]
+__all__ = ["along_axis", "gemm", "hardmax", "log_softmax", "matmul", "softmax"]
 
 
 @onnx_op("MatMul")
@@ -48,15 +48,25 @@ def gemm(ctx: NodeContext) -> Result:
 
 
 # -- softmax family ------------------------------------------------------------------------------
-def _along_axis(ctx: NodeContext, f: Callable[[Value, int], Value]) -> Value:
-    """Apply f along the node's axis: one axis from opset 13, the flattened trailing axes before
-    (the input is coerced to 2-D [prod(:axis), prod(axis:)] and the result viewed back)."""
+def along_axis(
+    ctx: NodeContext,
+    x: Value,
+    f: Callable[[Value, int], Value],
+    opset: int | None = None,
+    axis: int | None = None,
+) -> Value:
+    """Apply f to x along the node's axis: one axis from opset 13, the flattened trailing axes
+    before (x is coerced to 2-D [prod(:axis), prod(axis:)] and the result viewed back). `opset`
+    is the node's own and `axis` its attribute (default 1 before opset 13, else -1) unless
+    given: QLinearSoftmax names the Softmax opset it follows and defaults axis to -1."""
     g = ctx.graph
-    x = ctx.input(0)
     shape = g.shape(x)
-    if ctx.opset >= 13:
-        return f(x, ctx.axis(ctx.attr_int("axis", -1), shape.rank))
-    axis = ctx.axis(ctx.attr_int("axis", 1), shape.rank) if shape.rank else 0
+    opset = ctx.opset if opset is None else opset
+    if axis is None:
+        axis = ctx.attr_int("axis", -1 if opset >= 13 else 1)
+    if opset >= 13:
+        return f(x, ctx.axis(axis, shape.rank))
+    axis = ctx.axis(axis, shape.rank) if shape.rank else 0
     flat = Shape.of(Shape(shape.dims[:axis]).size(), Shape(shape.dims[axis:]).size())
     return g.view(f(g.view(x, flat), 1), shape)
 
@@ -69,7 +79,7 @@ def _float_input(ctx: NodeContext) -> None:
 @onnx_op("Softmax")
 def softmax(ctx: NodeContext) -> Result:
     _float_input(ctx)
-    return _along_axis(ctx, ctx.graph.softmax)
+    return along_axis(ctx, ctx.input(0), ctx.graph.softmax)
 
 
 @onnx_op("LogSoftmax")
@@ -83,7 +93,7 @@ def log_softmax(ctx: NodeContext) -> Result:
         total = g.reduce(g.exp(shifted), [axis], ReduceOp.SUM, keepdims=True)
         return g.sub(shifted, g.log(total))
 
-    return _along_axis(ctx, f)
+    return along_axis(ctx, ctx.input(0), f)
 
 
 @onnx_op("Hardmax")
@@ -99,4 +109,4 @@ def hardmax(ctx: NodeContext) -> Result:
         hit = g.binary(BinaryOp.EQ, g.iota(g.shape(x), axis, DType.I64), arg)
         return g.cast(hit, dtype)
 
-    return _along_axis(ctx, f)
+    return along_axis(ctx, ctx.input(0), f)

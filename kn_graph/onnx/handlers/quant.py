@@ -17,6 +17,13 @@ from kn_graph.onnx.context import NodeContext, Result, onnx_dtype, onnx_op
 from kn_graph.ops import BinaryOp, ReduceOp, UnaryOp, Value
 from kn_graph.shape import Shape, Size
 
+__all__ = [
+    "dequantize_node",
+    "dequantized",
+    "quantize_node",
+    "quantized",
+]
+
 _QUANTIZED = (DType.U8, DType.I8, DType.U16, DType.I16)
 """Targets of QuantizeLinear; DequantizeLinear also reads int32 (e.g. quantized biases)."""
 
@@ -72,15 +79,32 @@ def _saturate(g: Graph, q: Value, dt: DType) -> Value:
     return g.cast(g.minimum(g.maximum(q, float(lo)), float(hi)), dt)
 
 
-@onnx_op("QuantizeLinear")
-def quantize_linear(ctx: NodeContext) -> Result:
-    """y = saturate(round(x / scale) + zero_point); the zero point's type is the output type."""
+def quantized(
+    g: Graph, y: Value, scale: Value, zp: Value | None, out: DType, compute: DType
+) -> Value:
+    """saturate(round(y / scale) + zp) as `out`, the division in `compute` (a float type);
+    scale and zp broadcast to y. Round half to even, as ONNX and onnxruntime's MLAS round."""
+    q = g.unary(UnaryOp.ROUND, g.div(g.cast(y, compute), g.cast(scale, compute)))
+    if zp is not None:
+        q = g.add(q, g.cast(zp, compute))
+    return _saturate(g, q, out)
+
+
+def dequantized(g: Graph, x: Value, scale: Value, zp: Value | None) -> Value:
+    """(x - zp) · scale in f32 (the subtraction is exact for every type we dequantize), as the
+    ONNX reference and onnxruntime's kernels compute it; the caller casts to the output type."""
+    y = g.cast(x, DType.F32)
+    if zp is not None:
+        y = g.sub(y, g.cast(zp, DType.F32))
+    return g.mul(y, g.cast(scale, DType.F32))
+
+
+def quantize_node(ctx: NodeContext, axis: int, block: int, out: DType | None) -> Value:
+    """QuantizeLinear's inputs (x, scale, optional zero point) read and quantized: the zero
+    point's type, when given, is the output type (and must agree with `out`)."""
     g = ctx.graph
     x = ctx.input(0)
     shape = g.shape(x)
-    axis, block = ctx.attr_int("axis", 1), ctx.attr_int("block_size", 0)
-    ctx.ignore_attrs("saturate")  # only float8 outputs saturate optionally
-    out = _attr_dtype(ctx, "output_dtype")
     zp = _param(ctx, 2, shape, axis, block) if ctx.has_input(2) else None
     if zp is not None:
         if out is not None and out != g.dtype(zp):
@@ -98,32 +122,42 @@ def quantize_linear(ctx: NodeContext) -> Result:
     )
     if not compute.is_float:
         ctx.unsupported(f"precision {compute}")
-    q = g.unary(UnaryOp.ROUND, g.div(g.cast(x, compute), g.cast(scale, compute)))
-    if zp is not None:
-        q = g.add(q, g.cast(zp, compute))
-    return _saturate(g, q, out)
+    return quantized(g, x, scale, zp, out, compute)
 
 
-@onnx_op("DequantizeLinear")
-def dequantize_linear(ctx: NodeContext) -> Result:
-    """y = (x - zero_point) · scale, in f32 as the ONNX reference does, then the output type."""
+def dequantize_node(ctx: NodeContext, axis: int, block: int, out: DType | None) -> Value:
+    """DequantizeLinear's inputs (x, scale, optional zero point of x's type) read and
+    dequantized to `out` (default: the scale's type)."""
     g = ctx.graph
     x = ctx.input(0)
     shape, xt = g.shape(x), g.dtype(x)
     if xt not in (*_QUANTIZED, DType.I32):
         ctx.unsupported(f"dequantizing {xt} input")
-    axis, block = ctx.attr_int("axis", 1), ctx.attr_int("block_size", 0)
     scale = _param(ctx, 1, shape, axis, block)
-    out = _attr_dtype(ctx, "output_dtype") or g.dtype(scale)
+    out = out or g.dtype(scale)
     if not out.is_float or not g.dtype(scale).is_float:
         ctx.unsupported(f"scale of type {g.dtype(scale)} or output of type {out}")
-    y = g.cast(x, DType.F32)
+    zp = None
     if ctx.has_input(2):
         zp = _param(ctx, 2, shape, axis, block)
         if g.dtype(zp) != xt:
             ctx.unsupported(f"zero point of type {g.dtype(zp)} for {xt} input")
-        y = g.sub(y, g.cast(zp, DType.F32))
-    return g.cast(g.mul(y, g.cast(scale, DType.F32)), out)
+    return g.cast(dequantized(g, x, scale, zp), out)
+
+
+@onnx_op("QuantizeLinear")
+def quantize_linear(ctx: NodeContext) -> Result:
+    """y = saturate(round(x / scale) + zero_point); the zero point's type is the output type."""
+    ctx.ignore_attrs("saturate")  # only float8 outputs saturate optionally
+    axis, block = ctx.attr_int("axis", 1), ctx.attr_int("block_size", 0)
+    return quantize_node(ctx, axis, block, _attr_dtype(ctx, "output_dtype"))
+
+
+@onnx_op("DequantizeLinear")
+def dequantize_linear(ctx: NodeContext) -> Result:
+    """y = (x - zero_point) · scale, in f32 as the ONNX reference does, then the output type."""
+    axis, block = ctx.attr_int("axis", 1), ctx.attr_int("block_size", 0)
+    return dequantize_node(ctx, axis, block, _attr_dtype(ctx, "output_dtype"))
 
 
 @onnx_op("DynamicQuantizeLinear")
@@ -146,5 +180,4 @@ def dynamic_quantize(g: Graph, x: Value) -> tuple[Value, Value, Value]:
     span = g.sub(hi, lo)
     scale = g.div(g.select(g.binary(BinaryOp.EQ, hi, lo), 1.0, span), 255.0)
     zp = g.unary(UnaryOp.ROUND, g.minimum(g.maximum(g.sub(0.0, g.div(lo, scale)), 0.0), 255.0))
-    q = g.add(g.unary(UnaryOp.ROUND, g.div(x, scale)), zp)
-    return _saturate(g, q, DType.U8), scale, g.cast(zp, DType.U8)
+    return quantized(g, x, scale, zp, DType.U8, DType.F32), scale, g.cast(zp, DType.U8)
