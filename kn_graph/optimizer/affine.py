@@ -25,7 +25,13 @@ import numpy as np
 
 from kn_graph.ops import Binary, BinaryOp, Conv, ConvDetails, Value
 from kn_graph.optimizer.core import Rewriter, rewrite
-from kn_graph.optimizer.patterns import compact, emit_compact, feeds_const_binary, squeeze_equal
+from kn_graph.optimizer.patterns import (
+    compact,
+    emit_compact,
+    feeds_const_binary,
+    feeds_round,
+    squeeze_equal,
+)
 
 __all__ = ["div_to_mul", "fold_affine_into_conv", "fuse_affine"]
 
@@ -205,6 +211,8 @@ def fuse_affine(rw: Rewriter, v: Value) -> Value | None:
     top = _link(rw, v)
     if top is None or feeds_const_binary(rw, v, _AFFINE, lambda g, c: compact(g, c) is not None):
         return None  # not a chain, or an inner link: the chain is rewritten at its top
+    if feeds_round(rw, v):
+        return None  # a quantization's arithmetic stays as written (patterns.feeds_round)
     aff = _chain(rw, top)
     if aff is None:
         return None
@@ -234,7 +242,7 @@ def div_to_mul(rw: Rewriter, v: Value) -> Value | None:
     constant and broadcast again, so a broadcast scalar stays one element."""
     info = rw.info(v)
     match info.op:
-        case Binary(a, b, BinaryOp.DIV) if info.dtype.is_float:
+        case Binary(a, b, BinaryOp.DIV) if info.dtype.is_float and not feeds_round(rw, v):
             c = compact(rw.new, rw.get(b))
             if c is None or compact(rw.new, rw.get(a)) is not None:
                 return None

@@ -15,7 +15,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kn_graph.graph import Graph
-from kn_graph.ops import Binary, BinaryOp, Broadcast, Constant, Input, Iota, Value, View
+from kn_graph.ops import (
+    Binary,
+    BinaryOp,
+    Broadcast,
+    Constant,
+    Input,
+    Iota,
+    Unary,
+    UnaryOp,
+    Value,
+    View,
+)
 from kn_graph.shape import Shape, Size
 
 if TYPE_CHECKING:
@@ -28,6 +39,7 @@ __all__ = [
     "compact",
     "emit_compact",
     "feeds_const_binary",
+    "feeds_round",
     "old_index",
     "scalar",
     "squeeze_equal",
@@ -201,3 +213,19 @@ def feeds_const_binary(
     if compact(g, other) is not None:
         return is_const(g, other)
     return idx.const_like[other.index] and rw.settings.fold_constants
+
+
+def feeds_round(rw: Rewriter, v: Value) -> bool:
+    """Whether `v`'s only user is a Round: `v` is then the scaled value of a quantization
+    (QuantizeLinear's x / scale, a requantization), computed as the model writes it. Rewriting
+    its arithmetic (a reciprocal multiply, a collapsed chain) moves values that sit on a rounding
+    tie by one unit, and through a deep quantized network such units add up (18 output units on
+    a 50-layer QDQ MobileNetV2); onnxruntime computes these ops as written."""
+    idx = old_index(rw.old)
+    u = idx.sole_user[v.index]
+    if u < 0:
+        return False
+    match rw.old[Value(u, rw.old.id)].op:
+        case Unary(_, UnaryOp.ROUND):
+            return True
+    return False

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kn_graph import DType, Graph, Shape, Size
-from kn_graph.ops import Value
+from kn_graph.ops import UnaryOp, Value
 from kn_graph.optimizer import optimize
 from tests.kn_graph.optimizer.util import assert_same, only, op_counts
 
@@ -391,3 +391,27 @@ def test_random_chains_around_random_convs(seed: int) -> None:
         <= before["mul"] + before["add"] + before["sub"] + before["div"]
     )
     assert_same(g, o, {"B": 2}, rel=1e-5 if dtype is DType.F32 else 1e-12)
+
+
+def _quantize(g: Graph, y: Value, scale: float, zero: float) -> Value:
+    """QuantizeLinear as the loader builds it: round(y / scale) + zero, saturated to u8."""
+    q = g.add(g.unary(UnaryOp.ROUND, g.div(y, scale)), zero)
+    return g.cast(g.minimum(g.maximum(q, 0.0), 255.0), DType.U8)
+
+
+def test_a_quantization_keeps_its_division_and_its_chain() -> None:
+    """x / s feeding a Round stays a division, and a dequantize-requantize chain feeding it
+    stays as written: a reciprocal multiply or a collapsed chain moves values at rounding ties
+    by one unit (the case below has 0.3 / 0.1 in it: a tie in one form, not in the other)."""
+    g = Graph()
+    q = g.input(Shape.of(256), DType.U8, "q")
+    y = g.mul(g.sub(g.cast(q, DType.F32), 3.0), 0.05)  # DequantizeLinear
+    g.add_output(_quantize(g, y, 0.1, 7.0), "requantized")
+    x = g.input(Shape.of(4096), DType.F32, "x")
+    g.add_output(_quantize(g, x, 0.1, 0.0), "quantized")
+    o = optimize(g)
+    assert op_counts(o)["div"] == 2
+    ties = (np.arange(4096, dtype=np.float32) - 2048) * np.float32(
+        0.05
+    )  # k·0.05: half of them ties
+    assert_same(g, o, rel=0.0, inputs=[np.arange(256, dtype=np.uint8), ties])
