@@ -86,3 +86,26 @@ def _compare(where: str, got: np.ndarray, ref: np.ndarray, bound: float) -> None
         clear = top2[:, 1] - top2[:, 0] > 2 * bound
         agree = got.argmax(-1) == ref.argmax(-1)
         assert np.all(agree[clear]), f"{where}: top-1 differs in rows {np.flatnonzero(~agree)}"
+
+
+@pytest.mark.parametrize("fx", CASES)
+def test_quantized_fixture_on_the_plan_emulator_and_the_fake_cuda_device(fx: dict) -> None:
+    """The optimized graph planned for data set 0 (integer products as exact float64 GEMMs and
+    convolutions, kn_graph.integer), run by the plan emulator and by the CUDA executor on the
+    fake device, within the same bounds of onnxruntime's outputs."""
+    from kn_cuda_eval import emulate, plan
+    from kn_graph.binding import bind_shapes
+    from kn_graph.optimizer import optimize
+    from tests.kn_cuda_eval.helpers import run_fake
+
+    graph = optimize(load_onnx(QUANT / fx["file"]))
+    data = np.load(QUANT / fx["reference"])
+    ds = fx["datasets"][0]
+    feed = {n: data[f"in0:{n}"] for n in graph.input_names}
+    want = [data[f"out0:{n}"] for n in graph.output_names]
+    p = plan(graph, bindings=bind_shapes(graph, feed))
+    for who, outs in (("emulator", emulate(p, feed)), ("fake cuda", run_fake(p, feed))):
+        for name, got, ref in zip(graph.output_names, outs, want, strict=True):
+            scale = ds["outputs"][name].get("output_scale")
+            bound = OUTPUT_UNITS * scale if scale else FLOAT_SHARE * float(np.max(np.abs(ref)))
+            _compare(f"{fx['name']} {who} output {name}", got, ref, bound)
