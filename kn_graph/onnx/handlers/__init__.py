@@ -24,6 +24,7 @@ from kn_graph.onnx.handlers import (  # noqa: F401
     quant_blocked,  # com.microsoft MatMulNBits, GatherBlockQuantized (block-quantized weights)
     quant_contrib,  # onnxruntime's QLinearAdd, QLinearSoftmax, QLinearConcat, … (com.microsoft)
     quant_gemm,  # MatMulInteger, ConvInteger, QLinearMatMul/Conv, QGemm, ...: IntMatMul/IntConv
+    quant_rnn,  # com.microsoft DynamicQuantizeLSTM (dequantized weights)
     reduce,  # Reduce*, ArgMax/ArgMin, CumSum/CumProd
     resize,  # Resize, Upsample
     rnn,  # RNN, LSTM, GRU (unrolled)

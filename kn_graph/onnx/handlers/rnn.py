@@ -21,7 +21,7 @@ from kn_graph.onnx.handlers.rnn_steps import RNN_MAX_UNROLL, Run, run_recurrence
 from kn_graph.ops import BinaryOp, Value
 from kn_graph.shape import Shape, Size
 
-__all__ = ["recurrent"]
+__all__ = ["recurrent", "recurrent_layer"]
 
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
@@ -51,7 +51,7 @@ class Direction:
     reverse: bool
 
 
-def _layer(ctx: NodeContext, x: Value) -> Layer:
+def _layer(ctx: NodeContext, x: Value, kind: str, r: Value) -> Layer:
     g = ctx.graph
     shape = g.shape(x)
     layout = ctx.attr_int("layout", 0)
@@ -61,7 +61,7 @@ def _layer(ctx: NodeContext, x: Value) -> Layer:
     direction = ctx.attr_str("direction", "forward")
     if direction not in ("forward", "reverse", "bidirectional"):
         ctx.unsupported(f"direction '{direction}'")
-    r_shape = g.shape(ctx.input(2))
+    r_shape = g.shape(r)
     hidden = ctx.attr_int("hidden_size", 0) or (
         r_shape.dims[-1].as_int("hidden size") if r_shape.rank else 0
     )
@@ -69,7 +69,7 @@ def _layer(ctx: NodeContext, x: Value) -> Layer:
         ctx.unsupported(f"hidden_size {hidden}")
     clip = ctx.attr_float("clip", 0.0) if ctx.has_attr("clip") else None
     directions = 2 if direction == "bidirectional" else 1
-    return Layer(ctx.op_type, t, b, hidden, directions, layout, clip)
+    return Layer(kind, t, b, hidden, directions, layout, clip)
 
 
 def _batch_major(ctx: NodeContext, v: Value, layer: Layer) -> Value:
@@ -104,9 +104,10 @@ def _state(ctx: NodeContext, layer: Layer, i: int, name: str) -> Value | None:
     return v
 
 
-def _check_weights(ctx: NodeContext, layer: Layer, gates: int) -> tuple[Value, Value]:
+def _check_weights(
+    ctx: NodeContext, layer: Layer, gates: int, w: Value, r: Value
+) -> tuple[Value, Value]:
     g = ctx.graph
-    w, r = ctx.input(1), ctx.input(2)
     if g[w].rank != 3 or g[r].rank != 3:
         ctx.unsupported(f"W and R must be 3-D, found {g.shape(w)} and {g.shape(r)}")
     if (
@@ -120,10 +121,10 @@ def _check_weights(ctx: NodeContext, layer: Layer, gates: int) -> tuple[Value, V
     return w, r
 
 
-def _directions(ctx: NodeContext, x: Value, layer: Layer) -> list[Direction]:
+def _directions(ctx: NodeContext, x: Value, layer: Layer, w: Value, r: Value) -> list[Direction]:
     g = ctx.graph
     gates = _GATES[layer.kind] * layer.hidden
-    w, r = _check_weights(ctx, layer, gates)
+    w, r = _check_weights(ctx, layer, gates, w, r)
     xt = x if layer.layout == 0 else g.permute(x, [1, 0, 2])  # [T, B, I]
     b = ctx.optional_input(3)
     h0 = _state(ctx, layer, 5, "initial_h")
@@ -207,12 +208,18 @@ def _run(ctx: NodeContext, layer: Layer, d: Direction, lens: Value | None) -> Ru
 
 @onnx_op("RNN", "GRU", "LSTM")
 def recurrent(ctx: NodeContext) -> list[Result | None]:
+    return recurrent_layer(ctx, ctx.op_type, ctx.input(1), ctx.input(2))
+
+
+def recurrent_layer(ctx: NodeContext, kind: str, w: Value, r: Value) -> list[Result | None]:
+    """An RNN / GRU / LSTM node (`kind`) with weights W [D, G·H, I] and R [D, G·H, H] given
+    (ONNX's layout), every other input and attribute read from the node as ONNX defines them."""
     g = ctx.graph
     x = ctx.input(0)
     if not g.dtype(x).is_float:
         ctx.unsupported(f"expected a float input, found {g.dtype(x)}")
-    layer = _layer(ctx, x)
-    dirs = _directions(ctx, x, layer)
+    layer = _layer(ctx, x, kind, r)
+    dirs = _directions(ctx, x, layer, w, r)
     lens = _lengths(ctx, layer)
     ys, hs, cs = [], [], []
     for d in dirs:
