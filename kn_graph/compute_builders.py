@@ -109,9 +109,11 @@ class ComputeBuilders(LayoutBuilders):
             raise GraphError(f"int_conv: x_zero must be one value, found shape {zxi.shape}")
         x_zero = self.view(x_zero, Shape.of())
         k = wi.shape[0]
-        if zwi.shape.size() == Size(1):
+        if zwi.shape == Shape.of(k):
+            pass
+        elif zwi.shape.size() == Size(1):
             w_zero = self.broadcast(self.view(w_zero, Shape.of()), Shape.of(k))
-        elif zwi.shape != Shape.of(k):
+        else:
             raise GraphError(f"int_conv: w_zero must be a scalar or [{k}], found {zwi.shape}")
         return self._push(out, DType.I32, IntConv(x, w, x_zero, w_zero, details))
 

@@ -10,6 +10,7 @@ from kn_graph.optimizer import fold  # noqa: F401  (first: the patterns below th
 from kn_graph.optimizer import norm  # noqa: F401  (detect_layernorm)
 from kn_graph.optimizer import activations  # noqa: F401  (detect_gelu, detect_silu)
 from kn_graph.optimizer import attention  # noqa: F401  (registers detect_attention)
+from kn_graph.optimizer import qdq  # noqa: F401  (fuse_qdq: before affine folds DQ into convs)
 from kn_graph.optimizer import affine  # noqa: F401  (after detection: must not eat patterns)
 from kn_graph.optimizer import clamp  # noqa: F401  (fuse_clamp)
 from kn_graph.optimizer import pool  # noqa: F401  (max_through_pool)

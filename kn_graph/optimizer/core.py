@@ -81,6 +81,12 @@ class OptimizerSettings:
     """Erf-GELU, tanh-GELU and x·sigmoid(x) become one unary each."""
     detect_attention: bool = True
     """softmax(Q·Kᵀ·s [+ mask])·V becomes one Attention op."""
+    fuse_qdq: bool = False
+    """A Conv / MatMul of dequantized operands becomes the integer product, scaled
+    (`kn_graph.optimizer.qdq`). Off by default: a device with integer steps turns it on."""
+    qdq_weight_bits: int = 8
+    """With `fuse_qdq`: fuse only where the shifted constant weights fit in this many signed bits
+    (7 for int8 kernels that are exact only with 7-bit weights)."""
     max_rounds: int = 4
     """Rebuild rounds until the value count stops shrinking."""
 
