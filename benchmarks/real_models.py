@@ -45,6 +45,11 @@ MODELS: dict[str, tuple[Path, str, str, int]] = {
     "bert_base": (VENV_FX, "bert", "base", 1),
     "gpt2_small": (VENV_FX, "gpt2", "small", 1),
     "minilm": (VENV_FX, "bert", "minilm", 1),
+    # quantized with onnxruntime's tools from the float exports above (benchmarks/_quantize.py)
+    "resnet50_int8": (Path(sys.executable), "quant", "resnet50:qdq_per_channel", 1),
+    "mobilenet_v2_int8": (Path(sys.executable), "quant", "mobilenet_v2:qdq", 1),
+    "bert_base_dynamic": (Path(sys.executable), "quant", "bert_base:dynamic", 1),
+    "gpt2_small_4bit": (Path(sys.executable), "quant", "gpt2_small:nbits", 1),
 }
 RSS_MODELS = ("resnet50", "bert_base")
 
@@ -84,7 +89,18 @@ def model_path(name: str) -> Path:
 
 
 def export(name: str) -> None:
-    """Export one model with random weights; runs under the venv that has torch."""
+    """Export one model with random weights; runs under the venv that has torch (a quantized
+    variant: under this venv, from its float export)."""
+    _venv, kind, arg, batch = MODELS[name]
+    if kind == "quant":
+        source, recipe = arg.split(":")
+        if (why := ensure_exported(source)) is not None:
+            raise RuntimeError(f"float model {source}: {why}")
+        sys.path.insert(0, str(Path(__file__).parent))
+        from _quantize import quantize
+
+        quantize(model_path(source), model_path(name), recipe, (batch, 3, 224, 224))
+        return
     import torch
 
     torch.manual_seed(0)
@@ -92,7 +108,6 @@ def export(name: str) -> None:
     # ViT in eval mode takes the fused aten::_native_multi_head_attention path, which the
     # TorchScript exporter cannot export: use the plain path
     torch.backends.mha.set_fastpath_enabled(False)
-    _venv, kind, arg, batch = MODELS[name]
     if kind == "tv":
         import torchvision
 
