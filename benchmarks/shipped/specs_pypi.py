@@ -325,6 +325,11 @@ OCR = [
         "ocr",
         precision="int8",
         feeds=feeds(dims={3: 192}, default=document(*HALF)),
+        # dynamic quantization at every conv: a 1-ulp difference of an activation (our sigmoid
+        # vs MLAS's polynomial one) flips a uint8 rounding tie in DynamicQuantizeLinear, and the
+        # flips add up over the layers; measured 0.4-3.4 % of the largest logit, while the
+        # decoded characters (argmax per step) agreed on 8 of 8 inputs
+        rtol=5e-2,
         note="DdddOcr.classification (the default model): as common.onnx, dynamically "
         "quantized (DynamicQuantizeLinear + ConvInteger)",
     ),
