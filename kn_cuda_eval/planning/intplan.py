@@ -7,9 +7,24 @@ from __future__ import annotations
 from kn_cuda_eval.planning import steps as st
 from kn_cuda_eval.planning.context import PlannerContext
 from kn_graph.dtype import DType
+from kn_graph.errors import PlanError
 from kn_graph.ops import IntConv, IntMatMul
 
-__all__ = ["plan_int_conv", "plan_int_matmul"]
+__all__ = ["plan_int_conv", "plan_int_matmul", "plan_integer_product"]
+
+
+def plan_integer_product(p: PlannerContext, i: int, op: IntMatMul | IntConv) -> None:
+    """Value i, an integer product, as an integer step (PlanError without `integer_steps`)."""
+    if not p.s.integer_steps:
+        raise PlanError(
+            f"{p.g.format_value(p.val(i))}: integer products are lowered before planning "
+            "without PlanSettings.integer_steps (kn_graph.integer.lower_integer_products, "
+            "which plan() applies)"
+        )
+    if isinstance(op, IntMatMul):
+        plan_int_matmul(p, i, op)
+    else:
+        plan_int_conv(p, i, op)
 
 
 def plan_int_matmul(p: PlannerContext, i: int, op: IntMatMul) -> None:

@@ -40,7 +40,7 @@ from kn_cuda_eval.planning.attnplan import plan_attention
 from kn_cuda_eval.planning.context import State
 from kn_cuda_eval.planning.convplan import ConvViews, conv_fusion, without_unit_axes
 from kn_cuda_eval.planning.gemm import plan_gemm
-from kn_cuda_eval.planning.intplan import plan_int_conv, plan_int_matmul
+from kn_cuda_eval.planning.intplan import plan_integer_product
 from kn_cuda_eval.planning.lazy import Lazy, combine
 from kn_cuda_eval.planning.memory import BufferKind, human_bytes
 from kn_cuda_eval.planning.program import Bin, Const, Load, Program, Sel, Un
@@ -425,16 +425,8 @@ class Planner:
                     scale,
                     causal,
                 )
-            case IntMatMul() | IntConv() if not self.s.integer_steps:
-                raise PlanError(
-                    f"{self.g.format_value(self.val(i))}: integer products are lowered before "
-                    "planning without PlanSettings.integer_steps (kn_graph.integer."
-                    "lower_integer_products, which plan() applies)"
-                )
-            case IntMatMul():
-                plan_int_matmul(self, i, op)
-            case IntConv():
-                plan_int_conv(self, i, op)
+            case IntMatMul() | IntConv():
+                plan_integer_product(self, i, op)
             case Dynamic():
                 raise PlanError(
                     f"{self.g.format_value(self.val(i))}: a data-dependent op; such graphs run "
