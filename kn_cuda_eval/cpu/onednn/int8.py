@@ -309,9 +309,10 @@ def _with_zero(
 
 # -- convolution ------------------------------------------------------------------------------
 def _auto_layout(s: st.IntConv) -> str:
-    """The measured pick (benchmarks/int8_steps.py, 2 threads, AVX2): oneDNN's own layout,
-    2.8x faster than channels last on a 1x1 256->64 at 56x56 (1.8 vs 4.9 ms) and as fast on
-    3x3 ones."""
+    """oneDNN's own layout (benchmarks/int8_steps.py, AVX2, on a shared 2-core machine, so
+    tentative): on its quietest run 2.7x faster than channels last on a 1x1 256->64 at 56x56
+    (1.8 vs 4.9 ms, 2 threads) and as fast on 3x3 ones; under load the two were within noise
+    of each other (both run the same `jit_uni_int8` kernels). Re-measure on a quiet machine."""
     return "blocked"
 
 
