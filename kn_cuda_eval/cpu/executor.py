@@ -141,7 +141,10 @@ class HostExecutor:
         passive_openmp()
         self.plan = plan
         self.threads = default_threads() if threads is None else max(1, int(threads))
-        has_lib = any(isinstance(s, st.Conv | st.MatMul | st.Attention) for s in plan.steps)
+        has_lib = any(
+            isinstance(s, st.Conv | st.MatMul | st.Attention | st.IntMatMul | st.IntConv)
+            for s in plan.steps
+        )
         self._onednn = has_lib and onednn_usable()
         # large attention steps as GEMMs and softmaxes over scratch past the plan's arena
         scratch = -(-plan.arena_size // _ALIGN) * _ALIGN
@@ -409,6 +412,15 @@ class HostExecutor:
                         self._packs.add(k)
                     return fn, "onednn/blas gemm"
                 return _matmul_numpy(self.arena, s), "numpy matmul"
+            case st.IntMatMul() | st.IntConv() if self._onednn:
+                consts = onednn.Constants(self.plan.constants, self.plan.const_size)
+                args = (self.arena, self.threads)
+                r = (
+                    onednn.int_matmul_runner(s, *args, constants=consts, workspace=self._ws)
+                    if isinstance(s, st.IntMatMul)
+                    else onednn.int_conv_runner(s, *args, constants=consts, workspace=self._ws)
+                )
+                return r, "" if r is None else f"onednn int8 {r.impl}"
             case _:
                 return None, ""
 
@@ -579,12 +591,14 @@ def _check_bound(graph: Graph, bindings: Mapping[str, int]) -> None:
 
 
 def host_plan_settings(graph: Graph) -> PlanSettings:
-    """The planner's settings for the host: the convolutions' relu folded only where oneDNN's
-    relu keeps NaN (`fuse.relu_agrees`, asked of the library once per process, and only for a
-    graph with a convolution); elsewhere it is an elementwise step of its own."""
+    """The planner's settings for the host: integer products as integer steps (oneDNN's int8
+    primitives where exact, `onednn.int8`, else the emulator's exact step); the convolutions'
+    relu folded only where oneDNN's relu keeps NaN (`fuse.relu_agrees`, asked of the library
+    once per process, and only for a graph with a convolution); elsewhere it is an
+    elementwise step of its own."""
     if not any(isinstance(graph[v].op, Conv) for v in graph.values()) or not onednn_usable():
-        return PlanSettings()
-    return PlanSettings(fuse_conv_relu=fuse.relu_agrees(DType.F32))
+        return PlanSettings(integer_steps=True)
+    return PlanSettings(fuse_conv_relu=fuse.relu_agrees(DType.F32), integer_steps=True)
 
 
 def host_executor(

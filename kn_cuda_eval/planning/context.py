@@ -55,6 +55,10 @@ class PlannerContext(Protocol):
         """Value i as a view of memory, materialising a lazy value (once)."""
         ...
 
+    def dense(self, view: StridedView, name: str) -> StridedView:
+        """A row-major contiguous view of the same values (a Copy step when needed)."""
+        ...
+
     def materialize(self, e: st.Expr, name: str, dest: StridedView | None = None) -> StridedView:
         """Compute an expression into `dest` (default: a new dense buffer)."""
         ...

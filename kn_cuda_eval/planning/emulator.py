@@ -156,9 +156,12 @@ def _scratch_bytes(s: st.Step) -> int:
             return src.nbytes
         case st.MatMul():
             return 8 * s.batch * (s.m * s.k + s.k * s.n + 2 * s.m * s.n)
-        case st.Conv():
+        case st.Conv() | st.IntConv():
             ks = math.prod(s.w.shape[2:])
-            return 8 * (s.out.numel * s.x.shape[1] // s.groups * ks + 2 * s.out.numel + s.x.numel)
+            cols = s.out.numel * s.x.shape[1] // s.groups * ks
+            return 8 * (cols + 2 * s.out.numel + s.x.numel + s.w.numel)
+        case st.IntMatMul():
+            return 8 * (s.a.numel + s.b.numel + 2 * s.out.numel)
         case st.Gather():
             return 8 * (s.out.numel + s.indices.numel)
         case st.Attention():
@@ -183,6 +186,10 @@ def _step(arena: np.ndarray, s: st.Step) -> None:
             _gemm(arena, s)
         case st.Conv():
             _conv(arena, s)
+        case st.IntMatMul():
+            _int_matmul(arena, s)
+        case st.IntConv():
+            _int_conv(arena, s)
         case st.Reduce(x, out, op):
             _store(
                 arena,
@@ -229,19 +236,39 @@ def _conv(arena: np.ndarray, s: st.Conv) -> None:
     ct = np.float64 if s.out.dtype is DType.F64 else np.float32
     x = _nd(arena, s.x).astype(ct)
     w = _nd(arena, s.w).astype(ct)
+    y = _correlate(x, w, s.stride, s.padding, s.dilation, s.groups)
     nd = len(s.stride)
+    if s.bias is not None:
+        y = y + _nd(arena, s.bias).astype(ct).reshape((1, w.shape[0]) + (1,) * nd)
+    if s.residual is not None:
+        y = y + _nd(arena, s.residual).astype(ct)
+    if s.relu:
+        y = np.maximum(y, 0)
+    _store(arena, s.out, y)
+
+
+def _correlate(
+    x: np.ndarray,
+    w: np.ndarray,
+    stride: tuple[int, ...],
+    padding: tuple[int, ...],
+    dilation: tuple[int, ...],
+    g: int,
+) -> np.ndarray:
+    """Cross-correlation of x [N, C, *spatial] with w [K, C/g, *k], zero-padded, as one batched
+    matmul per group over stacked shifted views (im2col), in x's float type."""
+    nd = len(stride)
     n, c = x.shape[:2]
     k_out = w.shape[0]
-    g = s.groups
     ks = w.shape[2:]
-    xp = np.pad(x, [(0, 0), (0, 0), *((p, p) for p in s.padding)])
-    span = tuple(d * (k - 1) + 1 for d, k in zip(s.dilation, ks, strict=True))
+    xp = np.pad(x, [(0, 0), (0, 0), *((p, p) for p in padding)])
+    span = tuple(d * (k - 1) + 1 for d, k in zip(dilation, ks, strict=True))
     win = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + nd)))
     sel = (
         slice(None),
         slice(None),
-        *(slice(None, None, st_) for st_ in s.stride),
-        *(slice(None, None, d) for d in s.dilation),
+        *(slice(None, None, st_) for st_ in stride),
+        *(slice(None, None, d) for d in dilation),
     )
     win = win[sel]
     out_sp = win.shape[2 : 2 + nd]
@@ -250,18 +277,30 @@ def _conv(arena: np.ndarray, s: st.Conv) -> None:
     perm = (0, 1, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
     cols = win.transpose(perm).reshape(n, g, int(np.prod(out_sp)), cg * int(np.prod(ks)))
     wm = w.reshape(g, k_out // g, cg * int(np.prod(ks)))
-    y = (
+    return (
         np.matmul(cols, wm.transpose(0, 2, 1)[None])
         .transpose(0, 1, 3, 2)
         .reshape((n, k_out, *out_sp))
     )
-    if s.bias is not None:
-        y = y + _nd(arena, s.bias).astype(ct).reshape((1, k_out) + (1,) * nd)
-    if s.residual is not None:
-        y = y + _nd(arena, s.residual).astype(ct)
-    if s.relu:
-        y = np.maximum(y, 0)
-    _store(arena, s.out, y)
+
+
+def _shifted(q: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """q - zero in float64: exact for 8-bit operands, and so is every sum of their products
+    below 2^37 terms (as the reference executor computes integer products)."""
+    return q.astype(np.float64) - zero.astype(np.float64)
+
+
+def _int_matmul(arena: np.ndarray, s: st.IntMatMul) -> None:
+    a = _shifted(_nd(arena, s.a), _nd(arena, s.a_zero))
+    b = _shifted(_nd(arena, s.b), _nd(arena, s.b_zero))
+    _store(arena, s.out, np.matmul(a, b).astype(np.int64))  # the i32 store wraps, as a sum
+
+
+def _int_conv(arena: np.ndarray, s: st.IntConv) -> None:
+    x = _shifted(_nd(arena, s.x), _nd(arena, s.x_zero))  # padding: zero after the shift
+    zw = _nd(arena, s.w_zero).reshape((-1,) + (1,) * (s.w.rank - 1))
+    acc = _correlate(x, _shifted(_nd(arena, s.w), zw), s.stride, s.padding, s.dilation, s.groups)
+    _store(arena, s.out, acc.astype(np.int64))
 
 
 def _reduce(x: np.ndarray, op: ReduceOp, nred: int, xdt: DType, odt: DType) -> np.ndarray:

@@ -122,7 +122,7 @@ def plan(
             "only at run time; run it in segments (kn_cuda_eval.planning.segments, as devices do)"
         )
     sets = settings if settings is not None else PlanSettings()
-    if has_integer_products(graph):  # no integer GEMM/conv step yet: exact float64 ones
+    if not sets.integer_steps and has_integer_products(graph):  # exact float64 ones instead
         graph = lower_integer_products(graph)
     binds = bind_symbols(graph, batch_size, bindings)
     p = Planner(graph, binds, sets)

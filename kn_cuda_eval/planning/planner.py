@@ -13,8 +13,9 @@ Each live value ends up in one of two states:
   kernels (softmax, layernorm, reduce) take a lazy input as their prologue. A reduction over
   axes along which its input only repeats one value (an Expand, or a unary chain over one) is
   planned over one copy (kn_cuda_eval/planning/reduceplan.py), as the reference executor reduces
-  broadcasts. Attention (attnplan), convolution fusion (convplan) and GEMMs (gemm) have modules
-  of their own, which see the planner through `context.PlannerContext`.
+  broadcasts. Attention (attnplan), convolution fusion (convplan), GEMMs (gemm) and integer
+  products (intplan) have modules of their own, which see the planner through
+  `context.PlannerContext`.
 
 Buffers are named in a planning address space (buffer id in the high bits of the offset) and
 rebased to arena offsets once the steps are known (`assign.assign_memory`).
@@ -39,6 +40,7 @@ from kn_cuda_eval.planning.attnplan import plan_attention
 from kn_cuda_eval.planning.context import State
 from kn_cuda_eval.planning.convplan import ConvViews, conv_fusion, without_unit_axes
 from kn_cuda_eval.planning.gemm import plan_gemm
+from kn_cuda_eval.planning.intplan import plan_integer_product
 from kn_cuda_eval.planning.lazy import Lazy, combine
 from kn_cuda_eval.planning.memory import BufferKind, human_bytes
 from kn_cuda_eval.planning.program import Bin, Const, Load, Program, Sel, Un
@@ -424,10 +426,7 @@ class Planner:
                     causal,
                 )
             case IntMatMul() | IntConv():
-                raise PlanError(
-                    f"{self.g.format_value(self.val(i))}: integer products are lowered before "
-                    "planning (kn_graph.integer.lower_integer_products, which plan() applies)"
-                )
+                plan_integer_product(self, i, op)
             case Dynamic():
                 raise PlanError(
                     f"{self.g.format_value(self.val(i))}: a data-dependent op; such graphs run "

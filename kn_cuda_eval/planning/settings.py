@@ -25,6 +25,12 @@ class PlanSettings:
     elementwise step of its own."""
     fused_attention: bool = True
     """Attention as one generated kernel; off: MatMul (alpha=scale), Softmax, MatMul."""
+    integer_steps: bool = False
+    """Plan `IntMatMul` / `IntConv` as integer steps of their own (`steps.IntMatMul`,
+    `steps.IntConv`: 8-bit operands, int32 sums) for a backend that runs them natively (the CPU
+    backend: oneDNN's int8 matmul and convolution). Off: `plan()` first lowers them to exact
+    float64 GEMMs and convolutions (`kn_graph.integer.lower_integer_products`), which every
+    executor runs (the CUDA one: cuBLAS DGEMM, cuDNN)."""
     max_recompute: int = 8
     """A lazy value is fused through a broadcast (recomputed per copy) only up to this many
     arithmetic instructions; larger ones are materialised first."""
@@ -40,7 +46,13 @@ class PlanSettings:
     activation) are tens of ops and never split."""
 
     def __post_init__(self) -> None:
-        for name in ("fuse_elementwise", "fuse_conv", "fuse_conv_relu", "fused_attention"):
+        for name in (
+            "fuse_elementwise",
+            "fuse_conv",
+            "fuse_conv_relu",
+            "fused_attention",
+            "integer_steps",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentTypeError(
                     f"PlanSettings: {name} must be a bool, found {getattr(self, name)!r}"

@@ -24,6 +24,8 @@ __all__ = [
     "Elementwise",
     "Expr",
     "Gather",
+    "IntConv",
+    "IntMatMul",
     "Layernorm",
     "MatMul",
     "Reduce",
@@ -210,6 +212,65 @@ class Conv:
 
 
 @dataclass(frozen=True, slots=True)
+class IntMatMul:
+    """out [batch, m, n] (int32, dense) = Σ_k (a - a_zero)·(b - b_zero), in row-major terms:
+    a [batch, m, k] and b [batch, k, n] are 8-bit (u8 or i8, each its own), a_zero
+    [batch, m, 1] and b_zero [batch, 1, n] have their operand's dtype (a per-tensor zero point
+    is a view with zero strides). Sums past int32 wrap. Planned only with
+    `PlanSettings.integer_steps` (the CPU backend's oneDNN int8 matmul)."""
+
+    a: StridedView
+    b: StridedView
+    a_zero: StridedView
+    b_zero: StridedView
+    out: StridedView
+
+    def reads(self) -> tuple[StridedView, ...]:
+        return (self.a, self.b, self.a_zero, self.b_zero)
+
+    def writes(self) -> tuple[StridedView, ...]:
+        return (self.out,)
+
+    def describe(self) -> str:
+        return (
+            f"int_matmul  {_fmt(self.out)} = ({_fmt(self.a)} - {_fmt(self.a_zero)}) @ "
+            f"({_fmt(self.b)} - {_fmt(self.b_zero)})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class IntConv:
+    """out (int32) = conv(x - x_zero, w - w_zero[K]) over dense NC(D)(H)W x and w [K, C/g, *k]
+    (8-bit, u8 or i8), x_zero a scalar view of x's dtype, w_zero [K] of w's; padding is zero
+    after the shift. Planned only with `PlanSettings.integer_steps`."""
+
+    x: StridedView
+    w: StridedView
+    x_zero: StridedView
+    w_zero: StridedView
+    out: StridedView
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+
+    def reads(self) -> tuple[StridedView, ...]:
+        return (self.x, self.w, self.x_zero, self.w_zero)
+
+    def writes(self) -> tuple[StridedView, ...]:
+        return (self.out,)
+
+    def describe(self) -> str:
+        geo = (
+            f"s={list(self.stride)} p={list(self.padding)} d={list(self.dilation)} g={self.groups}"
+        )
+        return (
+            f"int_conv    {_fmt(self.out)} = conv({_fmt(self.x)} - {_fmt(self.x_zero)}, "
+            f"{_fmt(self.w)} - {_fmt(self.w_zero)}) {geo}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Reduce:
     """out[o] = op over the trailing `x.rank - out.rank` axes of x[o, r]."""
 
@@ -325,7 +386,19 @@ class Attention:
         )
 
 
-Step = Elementwise | Copy | MatMul | Conv | Reduce | Softmax | Layernorm | Gather | Attention
+Step = (
+    Elementwise
+    | Copy
+    | MatMul
+    | Conv
+    | IntMatMul
+    | IntConv
+    | Reduce
+    | Softmax
+    | Layernorm
+    | Gather
+    | Attention
+)
 
 _SKIP = frozenset({"indices"})  # Elementwise.indices are virtual, not arena views
 

@@ -49,7 +49,8 @@ __all__ = ["PAR_WORK", "CCall", "CKernel", "library_sources", "memory_order", "s
 
 
 def step_call(step: st.Step) -> CCall | None:
-    """The C call of a step, or None for the library steps (GEMMs and convolutions)."""
+    """The C call of a step, or None for the library steps (GEMMs and convolutions, float or
+    integer)."""
     match step:
         case st.Elementwise():
             return elementwise_call(step)
@@ -65,7 +66,7 @@ def step_call(step: st.Step) -> CCall | None:
             return reduce_columns_call(step) if columnar(step) else reduce_rows_call(step)
         case st.Attention():
             return attention_call(step)
-        case st.MatMul() | st.Conv():
+        case st.MatMul() | st.Conv() | st.IntMatMul() | st.IntConv():
             return None
         case _:
             assert_never(step)

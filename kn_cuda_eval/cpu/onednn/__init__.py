@@ -8,10 +8,11 @@ small `ctypes` binding of oneDNN's stable v3 C API and the runners the CPU execu
     postops   post-op chains (residual, activation, alpha/beta)
     runner    a step prebuilt as primitives over an arena
     conv      convolution descriptors and runners          gemm   GEMM runners (oneDNN or BLAS)
+    int8      int8 matmul and convolution runners of the plan's integer steps (exact only)
     probe     special values through eltwise post-ops (NaN, ±inf)
 
 Exactness: F32 math stays F32 (`dnnl_fpmath_mode_strict`, set on every primitive: no implicit
-bf16/tf32 on AMX machines), direct convolution (no Winograd), F16 accumulated in F32. A step
+bf16/tf32 on AMX machines), direct convolution (no Winograd), F16 accumulated in F32; int8 products only where oneDNN sums them exactly (`int8`). A step
 oneDNN cannot express — F64 or integer data, a negative or zero stride, an empty tensor, or a
 descriptor the library answers with `dnnl_unimplemented` — gets None from the runner factory: the
 caller then runs `kn_cuda_eval.planning.emulator.emulate_step(arena, k, step)` for it. Any other
@@ -27,6 +28,14 @@ from kn_cuda_eval.cpu.onednn.conv import (
     conv_runner,
 )
 from kn_cuda_eval.cpu.onednn.gemm import gemm_runner
+from kn_cuda_eval.cpu.onednn.int8 import (
+    INT_CONV_LAYOUTS,
+    SAFE_WEIGHT,
+    Constants,
+    exact_weights,
+    int_conv_runner,
+    int_matmul_runner,
+)
 from kn_cuda_eval.cpu.onednn.lib import (
     HIDE_VARIABLE,
     PROTOTYPES,
@@ -35,6 +44,7 @@ from kn_cuda_eval.cpu.onednn.lib import (
     OnednnUnavailableError,
     available,
     has_avx512,
+    has_vnni,
     load_dnnl,
 )
 from kn_cuda_eval.cpu.onednn.memory import PackedWeights, Packing, Workspace
@@ -47,8 +57,11 @@ __all__ = [
     "ELTWISE_LINEAR",
     "ELTWISE_RELU",
     "HIDE_VARIABLE",
+    "INT_CONV_LAYOUTS",
     "PROTOTYPES",
     "ROLES",
+    "SAFE_WEIGHT",
+    "Constants",
     "ConvDesc",
     "DnnlLib",
     "Layout",
@@ -64,8 +77,12 @@ __all__ = [
     "blas_thread_setter",
     "conv_desc",
     "conv_runner",
+    "exact_weights",
     "gemm_runner",
     "has_avx512",
+    "has_vnni",
+    "int_conv_runner",
+    "int_matmul_runner",
     "load_dnnl",
     "omp_thread_setter",
     "probe_post_ops",

@@ -62,7 +62,15 @@ from kn_cuda_eval.cpu.onednn.threads import omp_thread_setter, thread_count
 from kn_cuda_eval.planning import steps as st
 from kn_cuda_eval.planning.view import StridedView
 
-__all__ = ["ROLES", "ConvDesc", "Layout", "auto_layout", "conv_desc", "conv_runner"]
+__all__ = [
+    "ROLES",
+    "ConvDesc",
+    "Layout",
+    "auto_layout",
+    "conv_desc",
+    "conv_runner",
+    "right_padding",
+]
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +253,6 @@ def _conv_desc(
 ) -> ConvDesc | None:
     g = s.groups
     k_out = s.w.shape[0]
-    ks = s.w.shape[2:]
     if g == 1:
         wdims, wstr = list(s.w.shape), list(s.w.strides)
     else:
@@ -279,13 +286,7 @@ def _conv_desc(
         tag = FORMAT_TAG_ANY if layout == "blocked" else _TAGS[layout][len(s.x.shape)]
         src_q, dst_q = o.tag(s.x.shape, dt, tag), o.tag(s.out.shape, dt, tag)
     w_any = o.md(wdims, dt, None)
-    spatial_in, spatial_out = s.x.shape[2:], s.out.shape[2:]
-    pad_r = [
-        (so - 1) * st_ + (k - 1) * d + 1 - si - p
-        for si, so, k, st_, d, p in zip(
-            spatial_in, spatial_out, ks, s.stride, s.dilation, s.padding, strict=True
-        )
-    ]
+    pad_r = right_padding(s)
     pd = o.pd(
         "dnnl_convolution_forward_primitive_desc_create",
         engine()[0],
@@ -312,6 +313,18 @@ def _conv_desc(
     d = ConvDesc(s, lib, o, dt, layout, (pd, x_md, out_md, w_plain))
     d.res_md = res_md
     return d
+
+
+def right_padding(s: st.Conv | st.IntConv) -> list[int]:
+    """oneDNN's padding_r: what the output size implies past the input's right end (our steps
+    pad symmetrically; a window the stride skips leaves less)."""
+    spatial_in, spatial_out, ks = s.x.shape[2:], s.out.shape[2:], s.w.shape[2:]
+    return [
+        (so - 1) * st_ + (k - 1) * d + 1 - si - p
+        for si, so, k, st_, d, p in zip(
+            spatial_in, spatial_out, ks, s.stride, s.dilation, s.padding, strict=True
+        )
+    ]
 
 
 def _overlaps(a: StridedView, b: StridedView) -> bool:

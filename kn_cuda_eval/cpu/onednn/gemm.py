@@ -27,7 +27,7 @@ from kn_cuda_eval.cpu.onednn.threads import blas_thread_setter, omp_thread_sette
 from kn_cuda_eval.planning import steps as st
 from kn_graph.dtype import DType
 
-__all__ = ["gemm_runner"]
+__all__ = ["batch1", "gemm_runner", "operand_desc"]
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def gemm_runner(
     )
 
 
-def _desc(o: Owner, v: np.ndarray, batch: int, dt: int) -> int | None:
+def operand_desc(o: Owner, v: np.ndarray, batch: int, dt: int) -> int | None:
     """The descriptor of a 3-d operand view, or None for strides oneDNN cannot take; a broadcast
     batch (stride 0) becomes a batch of 1, and a product of batch 1 is 2-d."""
     shape, es = list(v.shape), [x // v.itemsize for x in v.strides]
@@ -121,7 +121,7 @@ def _matmul(
     base = arena_base(arena)
     omp_thread_setter()(threads)
     src, wei, dst = _operands(arena, s)
-    descs = [_desc(o, v, s.batch, dt) for v in (src, wei, dst)]
+    descs = [operand_desc(o, v, s.batch, dt) for v in (src, wei, dst)]
     if any(d is None for d in descs):
         o.close()
         return None
@@ -133,7 +133,7 @@ def _matmul(
         post.append(sum_into(s.beta))
     attr = o.attr(post)
     wei_q = (
-        o.md(wei.shape[1:] if s.batch == 1 else _batch1(wei), dt, None)
+        o.md(wei.shape[1:] if s.batch == 1 else batch1(wei), dt, None)
         if constant_weights
         else wei_md
     )
@@ -161,7 +161,7 @@ def _matmul(
     return Runner(s, arena, o, [(prim, args)], views, threads, impl_name(lib, pd))
 
 
-def _batch1(v: np.ndarray) -> list[int]:
+def batch1(v: np.ndarray) -> list[int]:
     """The dims a 3-d operand's descriptor has (batch 1 when it is broadcast)."""
     return [1 if v.strides[0] == 0 else v.shape[0], *v.shape[1:]]
 

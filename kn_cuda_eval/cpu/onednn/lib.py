@@ -36,8 +36,10 @@ from kn_graph.errors import EvaluationError
 __all__ = [
     "DATA_TYPES",
     "HIDE_VARIABLE",
+    "INT8_TYPES",
     "PROTOTYPES",
     "SONAME",
+    "VNNI_ISAS",
     "DnnlLib",
     "ExecArg",
     "OnednnError",
@@ -45,6 +47,7 @@ __all__ = [
     "available",
     "engine",
     "has_avx512",
+    "has_vnni",
     "load_dnnl",
     "search",
 ]
@@ -66,7 +69,9 @@ _STATUS_NAMES = {
 }
 # dnnl_data_type_t
 DT_F16, DT_F32, DT_UNDEF = 1, 3, 0
+DT_S32, DT_S8, DT_U8 = 4, 5, 6
 DATA_TYPES = {DType.F32: DT_F32, DType.F16: DT_F16}
+INT8_TYPES = {DType.U8: DT_U8, DType.I8: DT_S8}
 ENGINE_CPU = 1  # dnnl_engine_kind_t
 STREAM_IN_ORDER = 0x1  # dnnl_stream_flags_t
 FORMAT_TAG_ANY = 1  # dnnl_format_tag_t
@@ -82,6 +87,7 @@ QUERY_SRC_MD, QUERY_DST_MD, QUERY_SCRATCHPAD_MD = 129, 133, 136
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 ARG_FROM, ARG_TO = ARG_SRC, ARG_DST  # a reorder's
 ARG_SRC_1 = 2
+ARG_ATTR_ZERO_POINTS = 8192  # DNNL_ARG_ATTR_ZERO_POINTS | arg: that argument's zero points
 # v3: DNNL_ARG_ATTR_MULTIPLE_POST_OP(idx) = DNNL_ARG_ATTR_MULTIPLE_POST_OP_BASE * (idx + 1)
 ARG_POST_OP_BASE = 32768
 MAX_NDIMS = 12
@@ -165,6 +171,9 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     # dnnl_status_t dnnl_primitive_attr_set_post_ops(dnnl_primitive_attr_t attr,
     #     const_dnnl_post_ops_t post_ops)
     "dnnl_primitive_attr_set_post_ops": (_S, (_P, _P)),
+    # dnnl_status_t dnnl_primitive_attr_set_zero_points_mask(dnnl_primitive_attr_t attr,
+    #     int arg, int mask)
+    "dnnl_primitive_attr_set_zero_points_mask": (_S, (_P, c_int, c_int)),
     # dnnl_status_t dnnl_post_ops_create(dnnl_post_ops_t *post_ops)
     "dnnl_post_ops_create": (_S, (_PP,)),
     # dnnl_status_t dnnl_post_ops_destroy(dnnl_post_ops_t post_ops)
@@ -320,6 +329,23 @@ def available() -> str | None:
 ISA_AVX512_BIT = 0x20
 """Set in every `dnnl_cpu_isa_t` from `dnnl_cpu_isa_avx512_core` (0x27) up; clear in the AVX2
 ones (avx2 0x7, avx2_vnni 0xf, avx2_vnni_2 0x1f)."""
+
+
+VNNI_ISAS = frozenset({0xF, 0x1F, 0x67, 0xE7, 0x1EF, 0xFEF, 0x1FEF})
+"""The `dnnl_cpu_isa_t` values (oneDNN 3.2's dnnl_types.h) whose int8 products accumulate
+u8·s8 pairs straight into int32 (VNNI's vpdpbusd, or AMX): avx2_vnni 0xf, avx2_vnni_2 0x1f,
+avx512_core_vnni 0x67, avx512_core_bf16 0xe7, avx512_core_fp16 0x1ef, avx512_core_amx 0xfef,
+avx512_core_amx_fp16 0x1fef. Not avx2 0x7 nor avx512_core 0x27: there pairs of products are
+added in saturating int16 first (`kn_cuda_eval.cpu.onednn.int8`). A value a newer library
+adds counts as no VNNI (the safe side)."""
+
+
+def has_vnni() -> bool | None:
+    """Whether oneDNN's int8 kernels accumulate in int32 here (`VNNI_ISAS`); None when oneDNN
+    is not usable."""
+    if available() is not None:
+        return None
+    return int(load_dnnl().fn("dnnl_get_effective_cpu_isa")()) in VNNI_ISAS
 
 
 def has_avx512() -> bool | None:

@@ -65,6 +65,7 @@ class Owner:
         self.lib = lib
         self.objects: list[tuple[str, int]] = []
         self.closed = False
+        self.keep: list[object] = []  # host arrays its memories point into
 
     def own(self, destroy: str, handle: c_void_p) -> int:
         h = int(handle.value or 0)
@@ -77,6 +78,7 @@ class Owner:
             destroy, h = self.objects.pop()
             with contextlib.suppress(Exception):  # at interpreter exit the library may be gone
                 self.lib.fns[destroy](h)
+        self.keep.clear()
 
     def md(self, dims: Sequence[int], dt: int, strides: Sequence[int] | None) -> int:
         """A memory descriptor: plain with explicit element strides, or `any` (strides None)."""

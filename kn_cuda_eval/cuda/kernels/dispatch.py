@@ -13,6 +13,7 @@ from kn_cuda_eval.cuda.kernels.rows import layernorm_launch, reduce_launch, soft
 from kn_cuda_eval.planning import steps as st
 from kn_cuda_eval.planning.plan import Plan
 from kn_cuda_eval.planning.view import StridedView
+from kn_graph.errors import PlanError
 
 __all__ = ["distinct_kernels", "launch_for", "plan_launches"]
 
@@ -35,6 +36,8 @@ def launch_for(step: st.Step, status: StridedView) -> KernelLaunch | None:
             return attention_launch(step)
         case st.MatMul() | st.Conv():
             return None
+        case st.IntMatMul() | st.IntConv():  # CUDA plans lower them (integer_steps off)
+            raise PlanError(f"no CUDA kernel for the integer step {step.describe()}")
         case _:
             assert_never(step)
 

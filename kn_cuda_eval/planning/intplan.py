@@ -1,0 +1,50 @@
+"""Integer products (`IntMatMul`, `IntConv`) as integer steps of their own, planned when
+`PlanSettings.integer_steps` is on (the CPU backend, which runs them through oneDNN's int8
+primitives); otherwise `plan()` has lowered them to float64 GEMMs and convolutions already."""
+
+from __future__ import annotations
+
+from kn_cuda_eval.planning import steps as st
+from kn_cuda_eval.planning.context import PlannerContext
+from kn_graph.dtype import DType
+from kn_graph.errors import PlanError
+from kn_graph.ops import IntConv, IntMatMul
+
+__all__ = ["plan_int_conv", "plan_int_matmul", "plan_integer_product"]
+
+
+def plan_integer_product(p: PlannerContext, i: int, op: IntMatMul | IntConv) -> None:
+    """Value i, an integer product, as an integer step (PlanError without `integer_steps`)."""
+    if not p.s.integer_steps:
+        raise PlanError(
+            f"{p.g.format_value(p.val(i))}: integer products are lowered before planning "
+            "without PlanSettings.integer_steps (kn_graph.integer.lower_integer_products, "
+            "which plan() applies)"
+        )
+    if isinstance(op, IntMatMul):
+        plan_int_matmul(p, i, op)
+    else:
+        plan_int_conv(p, i, op)
+
+
+def plan_int_matmul(p: PlannerContext, i: int, op: IntMatMul) -> None:
+    """out [b,m,n] i32 = (a - a_zero) @ (b - b_zero) on the operands' views as they are (the
+    zero points as broadcast views of what holds them, usually one element)."""
+    out = p.temp(p.shape(i), DType.I32, p.name(i))
+    p.state[i] = out
+    a, b, za, zb = (p.mat(v.index) for v in (op.a, op.b, op.a_zero, op.b_zero))
+    if out.numel > 0:
+        p.steps.append(st.IntMatMul(a, b, za, zb, out))
+
+
+def plan_int_conv(p: PlannerContext, i: int, op: IntConv) -> None:
+    """out i32 = conv(x - x_zero, w - w_zero) over dense x and w, as the float convolution step
+    reads them."""
+    out = p.temp(p.shape(i), DType.I32, p.name(i))
+    p.state[i] = out
+    x = p.dense(p.mat(op.x.index), p.name(op.x.index))
+    w = p.dense(p.mat(op.w.index), p.name(op.w.index))
+    zx, zw = p.mat(op.x_zero.index), p.mat(op.w_zero.index)
+    d = op.details
+    if out.numel > 0:
+        p.steps.append(st.IntConv(x, w, zx, zw, out, d.stride, d.padding, d.dilation, d.groups))

@@ -1,0 +1,209 @@
+"""The CPU backend's integer steps (`PlanSettings.integer_steps`): the planner emits
+`steps.IntMatMul` / `steps.IntConv`, the emulator runs them exactly, and `Device.cpu()` runs
+them through oneDNN's int8 primitives where those are exact here, else the emulator's step —
+every result equal to the reference executor's, bit for bit. Which path ran is asked of the
+library on this machine (`onednn.has_vnni`), never assumed: 7-bit weights take oneDNN on every
+CPU, full-range ones only with VNNI (`kn_cuda_eval.cpu.onednn.int8`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kn_cuda_eval import PlanSettings, emulate, plan
+from kn_cuda_eval.cpu import onednn
+from kn_cuda_eval.cpu.executor import HostExecutor, host_plan_settings
+from kn_graph import DType, Graph, Shape
+from kn_graph.ops import Value
+from kn_graph.reference import evaluate
+from kn_runtime import Device
+
+RNG = np.random.default_rng(11)
+HAVE = onednn.available() is None
+LIMITS = {"7bit": onednn.SAFE_WEIGHT, "full": 124}
+
+
+def _range(dt: DType) -> tuple[int, int]:
+    return (0, 256) if dt is DType.U8 else (-128, 128)
+
+
+def _source(dt: DType, shape: tuple[int, ...]) -> np.ndarray:
+    lo, hi = _range(dt)
+    return RNG.integers(lo, hi, shape).astype(dt.np)
+
+
+def _weights(
+    dt: DType, shape: tuple[int, ...], zeros: np.ndarray, lim: int, axis: int
+) -> np.ndarray:
+    """Weights of dtype dt whose shift by `zeros` (one per index of `axis`) spans [-lim, lim],
+    both ends reached."""
+    z = zeros.astype(np.int64).reshape([-1 if a == axis else 1 for a in range(len(shape))])
+    delta = RNG.integers(-lim, lim + 1, shape)
+    delta.reshape(-1)[:2] = (lim, -lim)
+    return (z + delta).astype(dt.np)
+
+
+def _zero_points(dt: DType, n: int, per: bool) -> np.ndarray:
+    mid = 128 if dt is DType.U8 else 0
+    return (mid + (RNG.integers(-3, 4, n) if per else np.full(n, 3))).astype(dt.np)
+
+
+def _check(g: Graph, feed: list[np.ndarray], onednn_steps: int) -> None:
+    """Device.cpu() and the executor of the plan it makes equal the reference exactly, and
+    exactly `onednn_steps` integer steps ran in oneDNN (the others in the emulator)."""
+    want = evaluate(g, feed)
+    got = Device.cpu(threads=2).prepare(g).eval(feed)
+    for name, a, b in zip(g.output_names, got, want, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    p = plan(g, settings=host_plan_settings(g))
+    assert p.steps and host_plan_settings(g).integer_steps
+    ex = HostExecutor(p, threads=2)
+    for a, b in zip(ex.eval(feed), want, strict=True):
+        assert np.array_equal(a, b)
+    ran = [n for n in ex.names if n.startswith("onednn int8")]
+    assert len(ran) == (onednn_steps if HAVE else 0), ex.names
+
+
+def _taken(lim: int) -> int:
+    """1 when oneDNN runs a product whose shifted constant weights reach ±lim, here."""
+    return int(lim <= onednn.SAFE_WEIGHT or bool(onednn.has_vnni()))
+
+
+# -- planning and emulation ------------------------------------------------------------------
+def _small_graph() -> tuple[Graph, list[np.ndarray]]:
+    g = Graph()
+    a = g.input(Shape.of(2, 5, 33), DType.U8, "a")
+    zb = _zero_points(DType.I8, 7, True)
+    b = g.constant(_weights(DType.I8, (2, 33, 7), zb, 120, 2))
+    za = g.constant(RNG.integers(0, 100, (2, 5, 1)).astype(np.uint8))  # per row
+    g.add_output(g.int_matmul(a, b, za, g.constant(zb)), "y")
+    x = g.input(Shape.of(1, 6, 7, 9), DType.I8, "x")
+    zw = _zero_points(DType.U8, 9, True)
+    w = g.constant(_weights(DType.U8, (9, 2, 3, 3), zw, 120, 0))
+    c = g.int_conv(x, w, g.scalar(-5, DType.I8), g.constant(zw), (2, 1), (1, 1), (1, 2), 3)
+    g.add_output(c, "c")
+    return g, [_source(DType.U8, (2, 5, 33)), _source(DType.I8, (1, 6, 7, 9))]
+
+
+def test_planner_emits_integer_steps_only_when_asked() -> None:
+    g, _ = _small_graph()
+    text = str(plan(g, settings=PlanSettings(integer_steps=True)))
+    assert "int_matmul  i32[2,5,7]" in text and "int_conv    i32[1,9,4,7]" in text, text
+    assert "- u8[2,5,1]:(5,1,1)" in text and "g=3" in text, text
+    lowered = str(plan(g))
+    assert "int_" not in lowered and "f64" in lowered, lowered
+
+
+def test_emulator_runs_integer_steps_exactly() -> None:
+    g, feed = _small_graph()
+    got = emulate(plan(g, settings=PlanSettings(integer_steps=True)), feed)
+    for a, b in zip(got, evaluate(g, feed), strict=True):
+        assert a.dtype == np.int32 and np.array_equal(a, b)
+
+
+def test_per_row_source_zero_falls_back_exactly() -> None:
+    g, feed = _small_graph()  # the matmul's a_zero differs per row: no oneDNN form
+    _check(g, feed, 1 if onednn.has_vnni() else 0)  # the conv's weights are full range
+
+
+# -- matmul ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("ta", [DType.U8, DType.I8])
+@pytest.mark.parametrize("tb", [DType.U8, DType.I8])
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("weights", ["7bit", "full"])
+def test_int_matmul_on_the_cpu(ta: DType, tb: DType, per_column: bool, weights: str) -> None:
+    batch, m, k, n = (3, 7, 70, 19) if per_column else (1, 33, 130, 24)
+    g = Graph()
+    a = g.input(Shape.of(batch, m, k), ta, "a")
+    zb = _zero_points(tb, n, per_column)
+    b = g.constant(_weights(tb, (batch, k, n), zb, LIMITS[weights], 2))
+    za = g.scalar(9 if ta is DType.U8 else -9, ta)
+    g.add_output(g.int_matmul(a, b, za, g.constant(zb.reshape(1, 1, n))), "y")
+    _check(g, [_source(ta, (batch, m, k))], _taken(LIMITS[weights]))
+
+
+@pytest.mark.parametrize("w", [64, -64, 65, -65, 127, -128])
+def test_extreme_products_are_exact(w: int) -> None:
+    """Every source at its largest shifted value times uniform weights: the pairs oneDNN adds
+    in int16 without VNNI reach 2·255·|w| — exact up to 64, clipped from 65 (so refused)."""
+    for ta, top in ((DType.U8, 255), (DType.I8, 127)):
+        g = Graph()
+        a = g.input(Shape.of(1, 4, 64), ta, "a")
+        b = g.constant(np.full((1, 64, 8), w, np.int8))
+        g.add_output(g.int_matmul(a, b, g.scalar(0, ta), g.scalar(0, DType.I8)), "y")
+        _check(g, [np.full((1, 4, 64), top, ta.np)], _taken(abs(w)))
+
+
+def test_source_zero_point_computed_at_run_time() -> None:
+    """A zero point the graph computes (dynamic quantization) is converted by a reorder at
+    every run; a constant weight zero point of per-column values folds into the weights."""
+    g = Graph()
+    a = g.input(Shape.of(2, 9, 40), DType.U8, "a")
+    za = g.input(Shape.of(), DType.U8, "za")
+    zb = _zero_points(DType.I8, 12, True)
+    b = g.constant(_weights(DType.I8, (1, 40, 12), zb, 64, 2))
+    bb = g.broadcast(b, Shape.of(2, 40, 12))
+    g.add_output(g.int_matmul(a, bb, g.view(za, Shape.of(1, 1, 1)), g.constant(zb)), "y")
+    for z in (0, 131):
+        _check(g, [_source(DType.U8, (2, 9, 40)), np.array(z, np.uint8)], 1)
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_weights_computed_at_run_time(zero: int) -> None:
+    """Weights the graph computes cannot be shifted or checked once: oneDNN takes them only as
+    s8 with a zero point of 0 on a VNNI CPU; otherwise the emulator's exact step runs."""
+    g = Graph()
+    a = g.input(Shape.of(1, 6, 50), DType.U8, "a")
+    b = g.input(Shape.of(1, 50, 10), DType.I8, "b")
+    g.add_output(g.int_matmul(a, b, g.scalar(4, DType.U8), g.scalar(zero, DType.I8)), "y")
+    feed = [_source(DType.U8, (1, 6, 50)), _source(DType.I8, (1, 50, 10))]
+    _check(g, feed, int(zero == 0 and bool(onednn.has_vnni())))
+
+
+# -- convolution -----------------------------------------------------------------------------
+CONVS = {  # x shape, k, kernel, stride, padding, dilation, groups
+    "3x3": ((2, 8, 9, 11), 12, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    "strided": ((1, 8, 9, 11), 16, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+    "dilated": ((1, 8, 9, 11), 8, (3, 2), (1, 1), (2, 1), (2, 1), 1),
+    "grouped": ((1, 16, 7, 7), 16, (3, 3), (1, 1), (1, 1), (1, 1), 2),
+    "depthwise": ((2, 8, 9, 9), 8, (3, 3), (1, 2), (1, 1), (1, 1), 8),
+    "pointwise": ((1, 32, 6, 6), 16, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    "1d": ((2, 6, 17), 10, (3,), (1,), (2,), (2,), 1),
+}
+
+
+@pytest.mark.parametrize("tx", [DType.U8, DType.I8])
+@pytest.mark.parametrize("tw", [DType.U8, DType.I8])
+@pytest.mark.parametrize("case", sorted(CONVS))
+def test_int_conv_on_the_cpu(tx: DType, tw: DType, case: str) -> None:
+    shape, k, ks, stride, pad, dil, groups = CONVS[case]
+    per = case != "pointwise"
+    for weights in ("7bit", "full") if case == "3x3" else ("7bit",):
+        g = Graph()
+        x = g.input(Shape.of(*shape), tx, "x")
+        zw = _zero_points(tw, k, per)
+        w = g.constant(_weights(tw, (k, shape[1] // groups, *ks), zw, LIMITS[weights], 0))
+        zx = g.scalar(6 if tx is DType.U8 else -6, tx)
+        g.add_output(g.int_conv(x, w, zx, g.constant(zw), stride, pad, dil, groups), "y")
+        _check(g, [_source(tx, shape)], _taken(LIMITS[weights]))
+
+
+def test_int_conv_source_zero_computed_at_run_time() -> None:
+    for tx in (DType.U8, DType.I8):
+        g = Graph()
+        x = g.input(Shape.of(1, 8, 10, 10), tx, "x")
+        zx = g.input(Shape.of(), tx, "zx")
+        w = g.constant(_weights(DType.I8, (8, 8, 3, 3), np.zeros(8, np.int8), 64, 0))
+        g.add_output(g.int_conv(x, w, zx, g.scalar(0, DType.I8), None, (1, 1)), "y")
+        _check(g, [_source(tx, (1, 8, 10, 10)), np.array(-7 if tx is DType.I8 else 200, tx.np)], 1)
+
+
+def test_int_conv_output_feeds_float_steps() -> None:
+    """A QLinearConv-shaped chain: the i32 sums scaled to f32 by the next (fused) step."""
+    g = Graph()
+    x = g.input(Shape.of(1, 4, 8, 8), DType.U8, "x")
+    w = g.constant(_weights(DType.I8, (6, 4, 3, 3), np.zeros(6, np.int8), 60, 0))
+    y = g.int_conv(x, w, g.scalar(128, DType.U8), g.scalar(0, DType.I8), None, (1, 1))
+    s: Value = g.mul(g.cast(y, DType.F32), 0.01)
+    g.add_output(g.relu(s), "y")
+    _check(g, [_source(DType.U8, (1, 4, 8, 8))], 1)
