@@ -4,11 +4,14 @@ primitives); otherwise `plan()` has lowered them to float64 GEMMs and convolutio
 
 from __future__ import annotations
 
+import math
+
 from kn_cuda_eval.planning import steps as st
 from kn_cuda_eval.planning.context import PlannerContext
+from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.errors import PlanError
-from kn_graph.ops import IntConv, IntMatMul
+from kn_graph.ops import Broadcast, IntConv, IntMatMul, Value, View
 
 __all__ = ["plan_int_conv", "plan_int_matmul", "plan_integer_product"]
 
@@ -27,12 +30,28 @@ def plan_integer_product(p: PlannerContext, i: int, op: IntMatMul | IntConv) -> 
         plan_int_conv(p, i, op)
 
 
+def _zero_point(p: PlannerContext, v: Value) -> StridedView:
+    """A zero point as a view with zero strides of the one element that holds it, when it is one
+    value stretched by Views and Broadcasts (DynamicQuantizeLinear's run-time zero point reaches
+    IntMatMul as view(broadcast(view(z)))): the runner then reads one value, and nothing is
+    materialized at the operand's size. Otherwise the value as it is."""
+    base = v
+    while isinstance(op := p.g[base].op, View | Broadcast):
+        base = op.x
+    shape = p.shape(v.index)
+    if math.prod(p.shape(base.index)) == 1:
+        one = p.mat(base.index)
+        return StridedView(one.offset, shape, (0,) * len(shape), one.dtype)
+    return p.mat(v.index)
+
+
 def plan_int_matmul(p: PlannerContext, i: int, op: IntMatMul) -> None:
     """out [b,m,n] i32 = (a - a_zero) @ (b - b_zero) on the operands' views as they are (the
     zero points as broadcast views of what holds them, usually one element)."""
     out = p.temp(p.shape(i), DType.I32, p.name(i))
     p.state[i] = out
-    a, b, za, zb = (p.mat(v.index) for v in (op.a, op.b, op.a_zero, op.b_zero))
+    a, b = p.mat(op.a.index), p.mat(op.b.index)
+    za, zb = _zero_point(p, op.a_zero), _zero_point(p, op.b_zero)
     if out.numel > 0:
         p.steps.append(st.IntMatMul(a, b, za, zb, out))
 
@@ -44,7 +63,7 @@ def plan_int_conv(p: PlannerContext, i: int, op: IntConv) -> None:
     p.state[i] = out
     x = p.dense(p.mat(op.x.index), p.name(op.x.index))
     w = p.dense(p.mat(op.w.index), p.name(op.w.index))
-    zx, zw = p.mat(op.x_zero.index), p.mat(op.w_zero.index)
+    zx, zw = _zero_point(p, op.x_zero), _zero_point(p, op.w_zero)
     d = op.details
     if out.numel > 0:
         p.steps.append(st.IntConv(x, w, zx, zw, out, d.stride, d.padding, d.dilation, d.groups))
