@@ -24,6 +24,7 @@ from kn_runtime.prepared import DEFAULT_MAX_BINDINGS, PreparedGraph, ValueSpecia
 
 if TYPE_CHECKING:
     from kn_graph.onnx import ValueSpecializedModel
+    from kn_graph.optimizer import OptimizerSettings
 
 __all__ = ["Device", "PreparedGraph"]
 
@@ -109,7 +110,7 @@ class Device:
 
         graph = _as_graph(graph)
         if _checked_flag(optimize, "optimize", self.kind == "cuda" or self.fast):
-            graph = _optimized(graph)
+            graph = _optimized(graph, self.optimizer_settings())
         source: Graph | ValueSpecializing = graph
         if isinstance(graph, ValueSpecializedModel):
 
@@ -120,6 +121,20 @@ class Device:
 
             source = ValueSpecializing(graph, prepare, max_bindings)
         return PreparedGraph(source, self, batch_size, self._backend(settings), max_bindings)
+
+    def optimizer_settings(self) -> OptimizerSettings:
+        """What `prepare` optimizes with here: the defaults, plus QDQ fusion on the fast CPU
+        backend when oneDNN runs its integer steps (with 7-bit weights only where its int8
+        kernels are exact for no more: x86 without VNNI; docs/quantization.md)."""
+        from kn_graph.optimizer import OptimizerSettings
+
+        if not self.fast:
+            return OptimizerSettings()
+        from kn_cuda_eval.cpu import onednn
+
+        if onednn.available() is not None:
+            return OptimizerSettings()
+        return OptimizerSettings(fuse_qdq=True, qdq_weight_bits=8 if onednn.has_vnni() else 7)
 
     def _backend(self, settings: Any) -> Backend:
         """What runs a pure graph at one binding on this device (`kn_runtime.backend`)."""
@@ -143,14 +158,16 @@ def _checked_flag(value: bool | None, name: str, default: bool) -> bool:
     return value
 
 
-def _optimized(graph: Graph | ValueSpecializedModel) -> Graph | ValueSpecializedModel:
+def _optimized(
+    graph: Graph | ValueSpecializedModel, settings: OptimizerSettings
+) -> Graph | ValueSpecializedModel:
     """`graph` through the optimizer unless it has been already (a Graph that `optimize`
     returned; a ValueSpecializedModel that optimizes the graphs it makes)."""
     from kn_graph.optimizer import optimize
 
     if isinstance(graph, Graph):
-        return graph if graph.optimized else optimize(graph)
-    return graph if graph.optimizations else optimize(graph)
+        return graph if graph.optimized else optimize(graph, settings)
+    return graph if graph.optimizations else optimize(graph, settings)
 
 
 def _checked_max_bindings(max_bindings: int | None) -> int:

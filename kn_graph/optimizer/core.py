@@ -85,8 +85,8 @@ class OptimizerSettings:
     """A Conv / MatMul of dequantized operands becomes the integer product, scaled
     (`kn_graph.optimizer.qdq`). Off by default: a device with integer steps turns it on."""
     qdq_weight_bits: int = 8
-    """With `fuse_qdq`: fuse only where the shifted constant weights fit in this many signed bits
-    (7 for int8 kernels that are exact only with 7-bit weights)."""
+    """With `fuse_qdq`: fuse only where the shifted constant weights stay within ±2^(bits-1)
+    (7: ±64, for int8 kernels that are exact only with such weights)."""
     max_rounds: int = 4
     """Rebuild rounds until the value count stops shrinking."""
 

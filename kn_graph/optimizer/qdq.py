@@ -13,7 +13,7 @@ onnxruntime's own fused kernels do).
 
 Conditions: activations quantized per tensor with a constant zero point; weights a constant
 8-bit tensor dequantized per tensor or per output channel (per column for a product), whose
-shifted values `w - zw` fit in `OptimizerSettings.qdq_weight_bits` signed bits (a device whose
+shifted values `w - zw` stay within ±2^(bits-1) for `OptimizerSettings.qdq_weight_bits` (a device whose
 int8 kernels are exact only for 7-bit weights asks for 7). Off by default (`fuse_qdq`): the
 devices with integer steps turn it on (`kn_runtime.Device`), for others the float path is faster.
 """
@@ -115,8 +115,9 @@ def _per_tensor(d: _Dequantized) -> bool:
 
 
 def _fits(w: np.ndarray, bits: int) -> bool:
-    lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-    return bool(w.size == 0 or (w.min() >= lo and w.max() <= hi))
+    """|w| <= 2^(bits-1): for 7 bits the ±64 of onnxruntime's reduce_range quantizers (and of
+    oneDNN's exact non-VNNI int8 products); any int8 for 8."""
+    return bool(w.size == 0 or int(np.abs(w).max()) <= 2 ** (bits - 1))
 
 
 def _through_views(g: Graph, v: Value) -> tuple[Value, Shape | None]:

@@ -151,3 +151,19 @@ def test_golden_printout_of_a_fused_convolution() -> None:
             'outputs: %8 "y"',
         ]
     )
+
+
+@pytest.mark.parametrize(("largest", "fused"), [(64, 1), (-64, 1), (65, 0), (-65, 0)])
+def test_seven_bit_weights_mean_at_most_64_in_magnitude(largest: int, fused: int) -> None:
+    """qdq_weight_bits=7 admits |w - zw| <= 64: what reduce_range quantizers write and what
+    oneDNN's non-VNNI int8 kernels sum exactly (2·255·64 <= 32767)."""
+    from kn_graph import DType, Shape
+
+    g = Graph()
+    xq = g.input(Shape.of(1, 2, 4, 4), DType.U8, "xq")
+    w = np.zeros((1, 2, 3, 3), np.int8)
+    w.reshape(-1)[0] = largest
+    xd = g.mul(g.cast(xq, DType.F32), 0.5)
+    g.add_output(g.conv(xd, g.mul(g.cast(g.constant(w), DType.F32), 0.25)), "y")
+    seven = OptimizerSettings(fuse_qdq=True, qdq_weight_bits=7)
+    assert _ops(optimize(g, seven))["int_conv"] == fused
