@@ -104,16 +104,25 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("kv", [2, 1])
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(
+    "case, kv",
+    [
+        ("prompt", 2),
+        ("prompt", 1),
+        ("decode_growing", 2),
+        ("decode_shared", 1),
+        ("first_prompt_shared", 2),
+    ],
+)
 def test_prompt_and_decode_per_row_lengths(case: str, kv: int) -> None:
     s, past, seqlens, total = CASES[case]
     feed = _feed(s, past, seqlens, total, kv=kv, d=8)
     _check(_model(feed, kv_num_heads=kv), feed)
 
 
-@pytest.mark.parametrize("interleaved", [0, 1])
-@pytest.mark.parametrize("case", ["prompt", "decode_growing"])
+@pytest.mark.parametrize(
+    "case, interleaved", [("prompt", 1), ("decode_growing", 0), ("decode_growing", 1)]
+)
 def test_rotary_on_query_and_new_keys(case: str, interleaved: int) -> None:
     """Half the features rotate (cos_cache 8 wide for head size 32), at positions from
     seqlens_k; present_key holds the rotated keys."""
