@@ -7,25 +7,33 @@ the IR. The contract, as onnxruntime 1.32's CPU kernel implements it and our tes
 - Row b holds T_b = seqlens_k[b] + 1 tokens after the step (seqlens_k is total length - 1);
   its Q_b = min(S, T_b) new tokens (query_seqlens[b] when given) start at absolute position
   start_b = T_b - Q_b, so query row s sits at start_b + s. A first prompt (no past tokens)
-  thus starts at 0 and rows s >= T_b are right padding (their outputs are unspecified).
+  thus starts at 0 and rows s >= T_b are right padding (onnxruntime leaves their outputs
+  unspecified; we match its CPU kernel there too, except windowed rows with a sink, below).
 - present_key / present_value [B, Hkv, C, D]: past_key[j] for j < start_b, the new keys
-  (after rotary) at start_b .. start_b + S - 1 (all S of them, padding included), zeros after.
+  (after rotary) from start_b on, zeros after them. Without query_seqlens all S new rows are
+  written (onnxruntime copies the padding too); with it only the Q_b valid ones.
   C is S without a past; with a past of P positions, total_sequence_length T must be P + S
-  (a growing cache, C = P + S) or at most P (a shared, past_present_share_buffer-style cache
+  (a growing cache, C = P + S) or at most P (a shared, past_present_share_buffer-style buffer
   of fixed capacity, C = P): C = max(T, P). That depends on T's *value*: a constant or a shape
   (onnxruntime-genai computes T as Shape(attention_mask)[1]) gives a (symbolic) size; a graph
   input raises StaticInputRequiredError, so `load_onnx` returns a `ValueSpecializedModel` that
-  loads the model once per value of T. Without a past, T is not read.
-- Query row s sees keys j <= start_b + s (causal, bottom-right aligned per row), and with
-  local_window_size W > 0 only j >= start_b + s - W (W + 1 keys). With causal=0 it sees every
-  key j < T_b. Attention reads the first T keys of the cache (T >= every T_b).
+  loads the model once per value of T. Without a past, T is not read (it must equal S).
+- Query row s sees keys j <= start_b + s and j < T_b (causal, bottom-right aligned per row);
+  with local_window_size W > 0 only j > start_b + s - W (W keys, itself included); a padding
+  row left without keys outputs zeros. With causal=0 it sees every key j < T_b. Attention
+  reads the first T keys of the cache (T >= every T_b), not a shared buffer's whole capacity.
 - Scores are q·kᵀ·scale (scale defaults to 1/sqrt(D)), then softcap·tanh(score/softcap) when
   softcap > 0, plus attention_bias [B or 1, H or 1, S, T]; masked keys are -inf.
 - head_sink [H] adds exp(sink_h) to each softmax denominator (a logit that takes part in the
   softmax and is dropped); smooth_softmax=1 without head_sink is a sink of 0.
 - do_rotary rotates Q and the new K before caching, from rows of cos_cache/sin_cache
-  [max_positions, R/2] at each token's absolute position (or position_ids [B, S]); only the first
-  R features rotate, as halves or, with rotary_interleaved, neighbours (`rotary.rotate_pairs`).
+  [max_positions, R/2] at each token's absolute position; only the first R features rotate,
+  as halves or, with rotary_interleaved, neighbours (`rotary.rotate_pairs`). position_ids
+  [B, S] replaces the positions, except in a first prompt (T == S, decided at run time when
+  symbolic), where onnxruntime reads only position_ids[0, 0] and every row counts from it.
+
+Where we differ: a windowed padding row left without keys, with head_sink or smooth_softmax,
+is zeros here and some other unspecified value in onnxruntime.
 
 Refused (`ctx.unsupported`): a quantized KV cache (k_scale, v_scale, non-NONE quant types),
 q_norm_weight/k_norm_weight (onnxruntime's CPU kernel refuses them too), sliding_window_cache=1
@@ -116,7 +124,13 @@ def _qkv(ctx: NodeContext, heads: Heads) -> tuple[Value, Value, Value]:
                     f"{g.dtype(t)}{g.shape(t)}"
                 )
         q = split_heads(ctx, query, heads.q, "query")
-        return q, split_heads(ctx, key, heads.kv, "key"), split_heads(ctx, value, heads.kv, "value")
+        k, v = split_heads(ctx, key, heads.kv, "key"), split_heads(ctx, value, heads.kv, "value")
+        if g.shape(k)[3] != g.shape(q)[3] or g.shape(v)[3] != g.shape(q)[3]:
+            ctx.unsupported(
+                f"key and value heads must have query's head size {g.shape(q)[3]}, found "
+                f"{g.shape(k)[3]} and {g.shape(v)[3]}"
+            )
+        return q, k, v
     width = heads.q + 2 * heads.kv
     if not Size(width).divides(shape[2]):
         ctx.unsupported(f"packed QKV width {shape[2]} is not (num_heads + 2·kv_num_heads)·D")
