@@ -6,6 +6,7 @@ from kn_graph.onnx.handlers import (  # noqa: F401
     contrib_attention,  # com.microsoft Attention, MultiHeadAttention
     contrib_embed,  # com.microsoft EmbedLayerNormalization
     contrib_fused,  # com.microsoft FusedMatMul, FusedGemm, FusedConv (onnxruntime's saved fusions)
+    contrib_gqa,  # com.microsoft GroupQueryAttention (onnxruntime-genai LLMs)
     contrib_norm,  # com.microsoft Skip*LayerNormalization, GroupNorm; SimplifiedLayerNormalization
     contrib_rotary,  # com.microsoft RotaryEmbedding
     control,  # If with a load-time condition
