@@ -109,3 +109,27 @@ def test_quantized_fixture_on_the_plan_emulator_and_the_fake_cuda_device(fx: dic
             scale = ds["outputs"][name].get("output_scale")
             bound = OUTPUT_UNITS * scale if scale else FLOAT_SHARE * float(np.max(np.abs(ref)))
             _compare(f"{fx['name']} {who} output {name}", got, ref, bound)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fx", CASES)
+def test_quantized_fixture_on_the_gpu(fx: dict) -> None:
+    """The same on a real CUDA device (integer products as float64 cuBLAS / cuDNN steps)."""
+    from kn_cuda_eval import plan
+    from kn_cuda_eval.cuda.device.executor import CudaExecutor
+    from kn_graph.binding import bind_shapes
+    from kn_graph.optimizer import optimize
+    from tests.kn_cuda_eval.helpers import need_gpu
+
+    need_gpu()
+    graph = optimize(load_onnx(QUANT / fx["file"]))
+    data = np.load(QUANT / fx["reference"])
+    for k, ds in enumerate(fx["datasets"]):
+        feed = {n: data[f"in{k}:{n}"] for n in graph.input_names}
+        with CudaExecutor.from_plan(plan(graph, bindings=bind_shapes(graph, feed))) as ex:
+            outs = ex.eval(feed)
+        for name, got in zip(graph.output_names, outs, strict=True):
+            ref = data[f"out{k}:{name}"]
+            scale = ds["outputs"][name].get("output_scale")
+            bound = OUTPUT_UNITS * scale if scale else FLOAT_SHARE * float(np.max(np.abs(ref)))
+            _compare(f"{fx['name']} data set {k} on the GPU output {name}", got, ref, bound)
