@@ -9,8 +9,8 @@ running this very file as `<venv>/bin/python benchmarks/real_models.py --export-
 the venv that has torch (torchvision models: /work/venv-tv; transformers models: /work/venv-fx).
 A failed export is recorded and the model skipped.
 
-Phase 2, per model, in this process: `load_onnx`, `optimize`, `Device.cpu(threads=N)
-.prepare(graph)`; the first call (plan + C compile + arena) is timed on its own; then
+Phase 2, per model, in this process: `load_onnx`, `Device.cpu(threads=N).prepare(graph)`
+(which optimizes with the device's settings); the first call (plan + C compile + arena) is timed on its own; then
 ours and onnxruntime (intra-op N threads, inter-op 1, sequential) are called in turn (`--pause` seconds before each call), median of
 `--runs` after `--warmup` rounds. Agreement is max |ours - ort| / max |ort| over all outputs.
 
@@ -224,11 +224,10 @@ def ort_session(path: Path) -> Any:
 
 def ours_prepared(path: Path) -> Any:
     from kn_graph.onnx import load_onnx
-    from kn_graph.optimizer import optimize
     from kn_runtime import Device
 
-    graph = optimize(load_onnx(path))
-    return Device.cpu(ARGS.threads).prepare(graph)
+    # the device optimizes with its own settings (QDQ fusion where it has integer steps)
+    return Device.cpu(ARGS.threads).prepare(load_onnx(path))
 
 
 def time_model(name: str) -> dict:
