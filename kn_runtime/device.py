@@ -131,8 +131,9 @@ class Device:
         if not self.fast:
             return OptimizerSettings()
         from kn_cuda_eval.cpu import onednn
+        from kn_cuda_eval.cpu.runtime import onednn_usable
 
-        if onednn.available() is not None:
+        if not onednn_usable():  # (sets libgomp's spin count before oneDNN loads it)
             return OptimizerSettings()
         return OptimizerSettings(fuse_qdq=True, qdq_weight_bits=8 if onednn.has_vnni() else 7)
 
