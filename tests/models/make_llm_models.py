@@ -52,6 +52,7 @@ import argparse
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -60,6 +61,9 @@ import onnx
 import onnxruntime as ort
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llm_greedy import greedy_ort
 
 GENAI_PYTHON = "/work/venv-genai/bin/python"
 OUT = Path(__file__).resolve().parent / "llm"
@@ -244,53 +248,6 @@ def export_genai(hf: Path, out: Path, precision: str) -> str:
 # ---------------------------------------------------------------- reference generation
 
 
-def run_step(sess, feeds):
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds), strict=True))
-
-
-def past_inputs(sess):
-    """The past inputs and their [B, kvH, P, D] shapes' heads / head size (the genai builder
-    names the head size ``kv_cache_dim``)."""
-    return [
-        (i.name, i.shape[1], i.shape[3] if isinstance(i.shape[3], int) else HIDDEN // HEADS)
-        for i in sess.get_inputs()
-        if "past" in i.name
-    ]
-
-
-def greedy_ort(sess, ids, mask, steps):
-    """Greedy decoding by a plain onnxruntime loop: the first step feeds the whole (left-padded)
-    prompt with empty past [B, kvH, 0, D]; each later step feeds the argmax token, the previous
-    step's ``present.*`` as ``past_key_values.*``, the mask grown by a 1 and position_ids =
-    cumsum(mask) - 1 (Hugging Face's convention; padding positions get 1).  Returns the tokens
-    [B, steps], the first step's logits [B, S, V] and the per-step margin (min over rows)."""
-    b = ids.shape[0]
-    inputs = {i.name for i in sess.get_inputs()}
-    past = {n: np.zeros((b, h, 0, d), np.float32) for n, h, d in past_inputs(sess)}
-    toks, margins, first = [], [], None
-    cur = ids
-    for _ in range(steps):
-        pos = np.cumsum(mask, axis=1) - 1
-        pos = np.where(mask == 0, 1, pos)[:, -cur.shape[1] :].astype(np.int64)
-        feeds = {"input_ids": cur, "attention_mask": mask, **past}
-        if "position_ids" in inputs:
-            feeds["position_ids"] = pos
-        if "use_cache_branch" in inputs:
-            feeds["use_cache_branch"] = np.array([first is not None])
-        outs = run_step(sess, feeds)
-        logits = outs["logits"]
-        first = logits if first is None else first
-        last = logits[:, -1, :]
-        top2 = np.sort(last, axis=-1)[:, -2:]
-        margins.append(float(np.min(top2[:, 1] - top2[:, 0])))
-        cur = np.argmax(last, axis=-1).astype(np.int64)[:, None]
-        toks.append(cur)
-        mask = np.concatenate([mask, np.ones((b, 1), np.int64)], axis=1)
-        past = {n: outs[n.replace("past_key_values", "present")] for n in past}
-    return np.concatenate(toks, 1), first, np.array(margins, np.float32)
-
-
 def greedy_genai(folder: Path, ids, steps):
     """onnxruntime-genai's own greedy search (``og.Generator``, do_sample False) over the folder
     for exactly ``steps`` new tokens; padding rows are recognised by genai's pad_token_id."""
@@ -323,8 +280,8 @@ def make_reference(folder: Path, onnx_file: str, tok: Tokenizer, genai: bool):
     sess = ort.InferenceSession(str(folder / onnx_file), providers=["CPUExecutionProvider"])
     ids = np.array([tok.encode(PROMPT).ids], np.int64)
     bids, bmask = encode_batch(tok, PROMPTS_BATCH)
-    toks, first, margins = greedy_ort(sess, ids, np.ones_like(ids), NEW_TOKENS)
-    btoks, bfirst, bmargins = greedy_ort(sess, bids, bmask, NEW_TOKENS)
+    toks, first, margins = greedy_ort(sess, ids, np.ones_like(ids), NEW_TOKENS, HIDDEN // HEADS)
+    btoks, bfirst, bmargins = greedy_ort(sess, bids, bmask, NEW_TOKENS, HIDDEN // HEADS)
     info = {"tokens": "plain onnxruntime loop (greedy_ort)"}
     if genai:
         g1 = greedy_genai(folder, ids, NEW_TOKENS)
@@ -336,7 +293,9 @@ def make_reference(folder: Path, onnx_file: str, tok: Tokenizer, genai: bool):
         }
         toks, btoks, ort_btoks = g1, g2, btoks
     solo = [
-        greedy_ort(sess, r[m == 1][None], np.ones((1, int(m.sum())), np.int64), NEW_TOKENS)[0][0]
+        greedy_ort(
+            sess, r[m == 1][None], np.ones((1, int(m.sum())), np.int64), NEW_TOKENS, HIDDEN // HEADS
+        )[0][0]
         for r, m in zip(bids, bmask, strict=True)
     ]
     # per row: does the batch's continuation equal the row's own unpadded batch-1 onnxruntime run
