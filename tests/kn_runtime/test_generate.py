@@ -150,3 +150,46 @@ def test_timing_is_reported(generators: dict[str, Generator]) -> None:
     assert t.prompt_tokens == 5 and t.decode_tokens == 5
     assert 0 < t.prefill_s <= t.time_to_first_token_s
     assert t.decode_s > 0 and t.decode_tokens_per_s > 0 and t.prefill_tokens_per_s > 0
+
+
+def _optimum_names(src: Path, dst: Path) -> None:
+    """The tiny model with Optimum's names (`past_key_values.{i}.key`, `present.{i}.key`) and
+    Optimum's extra inputs (`position_ids` [B, S], `use_cache_branch` [1] bool), unused here:
+    the generator must find every role by name and feed them."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    m = onnx.load(str(src))
+    rename = {}
+    for i in range(2):
+        for kv in ("key", "value"):
+            rename[f"past_{kv}_{i}"] = f"past_key_values.{i}.{kv}"
+            rename[f"present_{kv}_{i}"] = f"present.{i}.{kv}"
+    for v in [*m.graph.input, *m.graph.output]:
+        v.name = rename.get(v.name, v.name)
+    for node in m.graph.node:
+        node.input[:] = [rename.get(n, n) for n in node.input]
+        node.output[:] = [rename.get(n, n) for n in node.output]
+    m.graph.input.extend(
+        [
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["B", 1]),
+            helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]),
+        ]
+    )
+    onnx.save(m, str(dst))
+
+
+def test_optimum_names_and_inputs_are_found_by_name(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    _optimum_names(TINY_LLM / "model.onnx", folder / "model.onnx")
+    gen = load_generator(folder, Device.cpu(reference=True))
+    sig = gen.model.signature
+    assert (sig.position_ids, sig.use_cache_branch) == ("position_ids", "use_cache_branch")
+    assert [p.present for p in sig.past] == [
+        "present.0.key",
+        "present.0.value",
+        "present.1.key",
+        "present.1.value",
+    ]
+    want = load_generator(None, Device.cpu(reference=True)).generate(["Hello", "Hi"], 6).ids
+    assert gen.generate(["Hello", "Hi"], max_new_tokens=6).ids == want
