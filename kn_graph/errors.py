@@ -15,6 +15,7 @@ __all__ = [
     "InputMismatchError",
     "KernelCompileError",
     "KnError",
+    "ModelFolderError",
     "OnnxImportError",
     "PlanError",
     "ShapeMismatchError",
@@ -113,3 +114,9 @@ class SymbolicSizeError(UnsupportedOnnxError):
     """A node the IR can express for fixed sizes only (an LSTM over a symbolic length, SAME
     padding of a symbolic size with a stride). `load_onnx` then returns a model that is
     loaded per binding of the input shapes; `load_onnx(..., static=True)` raises this."""
+
+
+class ModelFolderError(KnError):
+    """A model folder (an LLM export for `kn_runtime.generate`) lacks a file, has a layout
+    Kyanite does not know, or holds files that do not fit together (a tokenizer whose vocabulary
+    is larger than the model's logits); the message names the file and what to do."""

@@ -10,6 +10,7 @@ array([[0., 2.]], dtype=float32)
 """
 
 from kn_runtime.device import Device
+from kn_runtime.generate import Generator, load_generator
 from kn_runtime.prepared import PreparedGraph
 
-__all__ = ["Device", "PreparedGraph"]
+__all__ = ["Device", "Generator", "PreparedGraph", "load_generator"]

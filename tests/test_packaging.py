@@ -121,6 +121,8 @@ def test_wheel_holds_only_our_packages_and_the_tiny_pipeline(fresh: FreshInstall
         assert part in tiny, sorted(tiny)
     assert {"vae_decoder/model.onnx", "tokenizer/vocab.json", "tokenizer/merges.txt"} <= tiny
     assert "kn_runtime/models/resnet_tiny.onnx" in names
+    for part in ("model.onnx", "config.json", "tokenizer.json"):
+        assert f"kn_runtime/models/tiny_llm/{part}" in names
 
 
 def test_no_extras_and_no_examples_package(fresh: FreshInstall) -> None:
@@ -141,6 +143,14 @@ def test_kn_run_embedded_model(fresh: FreshInstall) -> None:
     # the CPU backend (compiled C from the wheel's prelude, oneDNN from the base dependencies)
     assert "device: cpu (plan on the host)" in out
     assert float(out.split("max |d| / max |ref| = ")[1].split()[0]) < 1e-4
+
+
+def test_kn_generate_on_the_shipped_tiny_llm_without_tokenizers(fresh: FreshInstall) -> None:
+    """The default model's character tokenizer is read without `tokenizers` (not installed)."""
+    out = must_run(
+        [fresh.bin / "kn-generate", "--prompt", "Hi", "--max-new-tokens", "3"], fresh.home
+    )
+    assert out.startswith("Hi") and "decode:" in out and "peak memory (VmHWM):" in out
 
 
 def test_kn_svg_help(fresh: FreshInstall) -> None:
