@@ -210,6 +210,26 @@ def _context_source(spec: ModelSpec) -> str:
     return "config.json max_position_embeddings"
 
 
+def _mask_apart(graph: Any, path: Path) -> Any:
+    """The model loaded again with `attention_mask`'s length a symbol of its own when the export
+    named it like the new tokens' (older Optimum merged decoders declare both `sequence_length`,
+    though the mask covers past + new tokens; onnxruntime does not hold dim names to equality,
+    our loader does)."""
+    from kn_graph import Graph, Size
+    from kn_graph.onnx import load_onnx
+
+    if not isinstance(graph, Graph):
+        return graph
+    shapes = dict(zip(graph.input_names, (graph.shape(v) for v in graph.inputs), strict=True))
+    mask, ids = shapes.get("attention_mask"), shapes.get("input_ids")
+    has_past = any(n.startswith("past") for n in shapes)
+    if mask is None or ids is None or mask.rank != 2 or ids.rank != 2 or not has_past:
+        return graph
+    if mask[1] != ids[1] or mask[1].is_fixed:
+        return graph
+    return load_onnx(path, input_shapes={"attention_mask": [mask[0], Size.sym("mask_length")]})
+
+
 def load_generator(
     folder: str | Path | None = None, device: Any = None, *, max_bindings: int | None = None
 ) -> Generator:
@@ -222,7 +242,7 @@ def load_generator(
 
     spec = read_folder(TINY_LLM if folder is None else folder)
     tokenizer = load_tokenizer(spec.tokenizer_path)
-    loaded = load_onnx(spec.model_path)
+    loaded = _mask_apart(load_onnx(spec.model_path), spec.model_path)
     signature = read_signature(
         loaded, spec.names, spec.kv_heads, spec.head_dim, str(spec.model_path)
     )

@@ -271,17 +271,30 @@ def _total(ctx: NodeContext, s: Size) -> Size:
     return t
 
 
-def _check_past(ctx: NodeContext, past_k: Value, past_v: Value, new: Value) -> None:
-    """past_key and past_value: one dtype with the new keys, both [B, Hkv, P, D]."""
+def _check_past(ctx: NodeContext, past_k: Value, past_v: Value, new: Value) -> tuple[Value, Value]:
+    """past_key and past_value: one dtype with the new keys, both [B, Hkv, P, D]. A batch,
+    head count or head size the export left symbolic (the genai builder names the head size
+    `kv_cache_dim`) is taken as the new keys' under a guard checked at every binding."""
     g = ctx.graph
     b, hkv, _, d = g.shape(new)
-    shape = g.shape(past_k)
-    ok = shape.rank == 4 and (shape[0], shape[1], shape[3]) == (b, hkv, d)
-    if not ok or g.shape(past_v) != shape or {g.dtype(past_k), g.dtype(past_v)} != {g.dtype(new)}:
-        ctx.unsupported(
-            f"past_key and past_value must be {g.dtype(new)} [{b}, {hkv}, P, {d}], found "
-            f"{g.dtype(past_k)}{shape} and {g.dtype(past_v)}{g.shape(past_v)}"
+    out = []
+    for name, past in (("past_key", past_k), ("past_value", past_v)):
+        shape = g.shape(past)
+        fits = shape.rank == 4 and all(
+            x == y or not (x.is_fixed and y.is_fixed)
+            for x, y in zip((shape[0], shape[1], shape[3]), (b, hkv, d), strict=True)
         )
+        if not fits or g.dtype(past) != g.dtype(new):
+            ctx.unsupported(
+                f"past_key and past_value must be {g.dtype(new)} [{b}, {hkv}, P, {d}], found "
+                f"{g.dtype(past_k)}{g.shape(past_k)} and {g.dtype(past_v)}{g.shape(past_v)}"
+            )
+        for axis, size in ((0, b), (1, hkv), (3, d)):
+            past = g.assume_size(past, axis, size, f"{name} axis {axis}")
+        out.append(past)
+    if g.shape(out[0])[2] != g.shape(out[1])[2]:
+        out[1] = g.assume_size(out[1], 2, g.shape(out[0])[2], "past_value's length")
+    return out[0], out[1]
 
 
 def _empty_rows(ctx: NodeContext, heads: Heads, rows: RowPositions) -> Value | None:
@@ -303,7 +316,7 @@ def _caches(
         return (k, v), (k, v)
     g = ctx.graph
     past_k, past_v = ctx.input(3), ctx.input(4)
-    _check_past(ctx, past_k, past_v, k)
+    past_k, past_v = _check_past(ctx, past_k, past_v, k)
     pairs = ((past_k, k), (past_v, v))
     c = Size.max(t, g.shape(past_k)[2])  # a growing cache (T = P + S) or a fixed one (T <= P)
     pk, pv = (cache_rows(ctx, p, x, rows, c) for p, x in pairs)
