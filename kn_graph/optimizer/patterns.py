@@ -71,13 +71,14 @@ def _reshape_compact(arr: np.ndarray, src: Shape, dst: Shape) -> np.ndarray | No
     return np.broadcast_to(arr, src.fixed_dims()).reshape(dst.fixed_dims())
 
 
-def compact(g: Graph, v: Value) -> np.ndarray | None:
+def compact(g: Graph, v: Value, casts: bool = False) -> np.ndarray | None:
     """The data of a constant `v` in compact form, looking through View and Broadcast chains: an
     array of v's rank whose every axis is 1 or v's size there, and which broadcasts to v. None
     when `v` is not derived from a Constant by views and broadcasts only.
 
     Compact forms are what rewrites compute with, so that a per-channel bias broadcast over a
-    batch of images costs C elements, not N·C·H·W."""
+    batch of images costs C elements, not N·C·H·W. With `casts`, Casts are looked through too
+    (a zero point or scale as the loader reads it: cast to f32 where it is used)."""
     chain: list[Value] = []
     u = v
     while True:
@@ -88,6 +89,9 @@ def compact(g: Graph, v: Value) -> np.ndarray | None:
             case View(x) | Broadcast(x):
                 chain.append(u)
                 u = x
+            case Unary(x, UnaryOp.CAST) if casts:
+                chain.append(u)
+                u = x
             case _:
                 return None
     for w in reversed(chain):
@@ -96,6 +100,8 @@ def compact(g: Graph, v: Value) -> np.ndarray | None:
                 arr = _reshape_compact(arr, g[x].shape, g[w].shape)
                 if arr is None:
                     return None
+            case Unary():
+                arr = arr.astype(g[w].dtype.np) if arr is not None else None
             case _:  # Broadcast keeps the rank (its builder views to the target rank first)
                 pass
     return arr

@@ -29,8 +29,6 @@ from kn_graph.graph import Graph
 from kn_graph.ops import (
     Binary,
     BinaryOp,
-    Broadcast,
-    Constant,
     Conv,
     MatMul,
     Permute,
@@ -40,7 +38,7 @@ from kn_graph.ops import (
     View,
 )
 from kn_graph.optimizer.core import Rewriter, rewrite
-from kn_graph.optimizer.patterns import _reshape_compact, emit_compact, squeeze_equal
+from kn_graph.optimizer.patterns import _reshape_compact, compact, emit_compact, squeeze_equal
 from kn_graph.shape import Shape
 
 __all__ = ["fuse_qdq_conv", "fuse_qdq_matmul"]
@@ -59,30 +57,8 @@ class _Dequantized:
 
 
 def _constant(g: Graph, v: Value) -> np.ndarray | None:
-    """The compact value of a constant seen through View, Broadcast and Cast (zero points and
-    scales are cast to f32 where the loader reads them)."""
-    chain: list[Value] = []
-    u = v
-    while True:
-        match g[u].op:
-            case Constant(t):
-                arr = t.array
-                break
-            case View(x) | Broadcast(x) | Unary(x, UnaryOp.CAST):
-                chain.append(u)
-                u = x
-            case _:
-                return None
-    for w in reversed(chain):
-        match g[w].op:
-            case View(x):
-                r = _reshape_compact(arr, g[x].shape, g[w].shape)
-                if r is None:
-                    return None
-                arr = r
-            case Unary(x, UnaryOp.CAST):
-                arr = arr.astype(g[w].dtype.np)
-    return arr
+    """The compact value of a constant seen through View, Broadcast and Cast."""
+    return compact(g, v, casts=True)
 
 
 def _dequantized(g: Graph, v: Value) -> _Dequantized | None:
