@@ -29,14 +29,32 @@ def positions_of(mask: np.ndarray, count: int) -> np.ndarray:
     return pos[:, -count:].astype(np.int64)
 
 
+CACHE_BUCKET = 32
+"""Decode steps feed the past padded to a multiple of this many positions (masked, zeros), so
+the graph's past length takes one value per this many tokens: a device plans (and on the CPU
+compiles) a new binding every 32 tokens instead of every token."""
+
+
 class DecoderModel:
     """`forward(ids, mask, cache)`: the last position's logits and the extended cache.
     Thread-safe: one step at a time (a lock around the evaluation), so several generations
-    may share one model, their steps interleaved."""
+    may share one model, their steps interleaved.
 
-    def __init__(self, prepared: Any, signature: DecoderSignature) -> None:
+    `bucket` (default `CACHE_BUCKET` where it is exact, else 1): a decode step's past is fed
+    padded to a multiple of `bucket` positions — zeros the attention mask hides (0 in the mask:
+    a masked key's softmax weight is exactly 0, so its zero key and value add nothing) — and the
+    new key and value are taken back out of the present. Exact only where the model reads
+    positions from `position_ids` (a model that counts them from the past length, or from the
+    mask's row sums like GroupQueryAttention's seqlens, would see the padding), and where the
+    mask masks past keys: so only models with both inputs bucket."""
+
+    def __init__(
+        self, prepared: Any, signature: DecoderSignature, bucket: int | None = None
+    ) -> None:
         self.prepared = prepared
         self.signature = signature
+        exact = signature.position_ids is not None and signature.attention_mask is not None
+        self.bucket = (CACHE_BUCKET if exact else 1) if bucket is None else max(1, int(bucket))
         self._lock = threading.Lock()
         self.steps = 0
         """Evaluations so far (a prompt fed token by token counts one per token)."""
@@ -50,6 +68,9 @@ class DecoderModel:
         """Run `ids` [batch, S] after the cache; `mask` [batch, past + S] covers both. Returns
         the logits of the last position [batch, vocab] (float32) and the cache with S more."""
         fixed = self.signature.step_tokens
+        past = mask.shape[1] - ids.shape[1]
+        if self.bucket > 1 and ids.shape[1] == 1 and past % self.bucket:
+            return self._padded_step(ids, mask, cache, past)
         if fixed is None or fixed == ids.shape[1]:
             return self._step(ids, mask, cache)
         if fixed != 1:
@@ -59,19 +80,44 @@ class DecoderModel:
                 f"the model takes exactly {fixed} tokens per step; only 1 (fed token by token) "
                 "or any number is supported"
             )
-        past = mask.shape[1] - ids.shape[1]
         logits = np.empty((0,), np.float32)
         for j in range(ids.shape[1]):
             logits, cache = self._step(ids[:, j : j + 1], mask[:, : past + j + 1], cache)
         return logits, cache
 
-    def _step(self, ids: np.ndarray, mask: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
+    def _padded_step(
+        self, ids: np.ndarray, mask: np.ndarray, cache: Cache, past: int
+    ) -> tuple[np.ndarray, Cache]:
+        """One decode token after a past padded to the next multiple of `bucket` (class
+        docstring); the returned cache holds the real positions only."""
+        pad = -past % self.bucket
+        b = ids.shape[0]
+        padded = {
+            k: np.concatenate([v, np.zeros((*v.shape[:2], pad, v.shape[3]), v.dtype)], axis=2)
+            for k, v in cache.items()
+        }
+        holes = np.zeros((b, pad), mask.dtype)
+        logits, present = self._step(
+            ids,
+            np.concatenate([mask[:, :past], holes, mask[:, past:]], axis=1),
+            padded,
+            positions=positions_of(mask, 1),
+        )
+        return logits, {
+            k: np.concatenate([v[:, :, :past], v[:, :, -1:]], axis=2) for k, v in present.items()
+        }
+
+    def _step(
+        self, ids: np.ndarray, mask: np.ndarray, cache: Cache, positions: np.ndarray | None = None
+    ) -> tuple[np.ndarray, Cache]:
         sig = self.signature
         feed: dict[str, np.ndarray] = {sig.input_ids: ids.astype(np.int64), **cache}
         if sig.attention_mask is not None:
             feed[sig.attention_mask] = mask.astype(np.int64)
         if sig.position_ids is not None:
-            feed[sig.position_ids] = positions_of(mask, ids.shape[1])
+            feed[sig.position_ids] = (
+                positions if positions is not None else positions_of(mask, ids.shape[1])
+            )
         if sig.use_cache_branch is not None:
             has_past = mask.shape[1] > ids.shape[1]
             feed[sig.use_cache_branch] = np.array([has_past], dtype=bool)

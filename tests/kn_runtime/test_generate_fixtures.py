@@ -41,3 +41,27 @@ def test_the_cpu_backend_continues_like_onnxruntime(name: str) -> None:
         [ref["prompt_ids"][0].tolist()], max_new_tokens=4
     )
     np.testing.assert_array_equal(np.array(r.ids[0]), ref["tokens"][0][:4])
+
+
+def test_decode_steps_bucket_the_past_into_few_bindings() -> None:
+    """A model with position_ids and attention_mask gets its past padded to multiples of 32
+    (masked zeros): 40 new tokens after a 19-token prompt bind past lengths 0 (prefill), 32 and
+    64 only, and the tokens are those of the unpadded decode and of onnxruntime."""
+    ref = np.load(LLM / "llama_optimum" / "reference.npz")
+    prompt = [ref["prompt_ids"][0].tolist()]
+    runs = {}
+    for bucket in (1, 32):
+        gen = load_generator(LLM / "llama_optimum", Device.cpu(reference=True))
+        gen.model.bucket = bucket
+        seen: set[int] = set()
+        inner = gen.model.prepared.eval
+
+        def record(feed: dict, inner=inner, seen=seen) -> list:  # type: ignore[no-untyped-def]
+            seen.add(feed["past_key_values.0.key"].shape[2])
+            return inner(feed)
+
+        gen.model.prepared.eval = record  # type: ignore[method-assign]
+        runs[bucket] = (gen.generate(prompt, max_new_tokens=40).ids[0], seen)
+    assert runs[32][1] == {0, 32, 64}
+    assert len(runs[1][1]) == 40
+    assert runs[1][0] == runs[32][0] == tuple(ref["tokens"][0][:40].tolist())
