@@ -35,6 +35,21 @@ the graph's past length takes one value per this many tokens: a device plans (an
 compiles) a new binding every 32 tokens instead of every token."""
 
 
+def _reads(prepared: Any, name: str | None) -> bool:
+    """Whether the prepared graph has input `name` and uses it (an export may declare a
+    position_ids it ignores, counting positions from the past length instead)."""
+    from kn_graph.errors import KnError
+
+    if name is None:
+        return False
+    try:
+        graph = prepared.graph
+    except KnError:  # one graph per input value: nothing to look at, no padding
+        return False
+    by_name = dict(zip(graph.input_names, graph.inputs, strict=True))
+    return name in by_name and graph.use_count(by_name[name]) > 0
+
+
 class DecoderModel:
     """`forward(ids, mask, cache)`: the last position's logits and the extended cache.
     Thread-safe: one step at a time (a lock around the evaluation), so several generations
@@ -46,14 +61,14 @@ class DecoderModel:
     new key and value are taken back out of the present. Exact only where the model reads
     positions from `position_ids` (a model that counts them from the past length, or from the
     mask's row sums like GroupQueryAttention's seqlens, would see the padding), and where the
-    mask masks past keys: so only models with both inputs bucket."""
+    mask masks past keys: so only models with both inputs, position_ids used, bucket."""
 
     def __init__(
         self, prepared: Any, signature: DecoderSignature, bucket: int | None = None
     ) -> None:
         self.prepared = prepared
         self.signature = signature
-        exact = signature.position_ids is not None and signature.attention_mask is not None
+        exact = signature.attention_mask is not None and _reads(prepared, signature.position_ids)
         self.bucket = (CACHE_BUCKET if exact else 1) if bucket is None else max(1, int(bucket))
         self._lock = threading.Lock()
         self.steps = 0
