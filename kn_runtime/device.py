@@ -124,8 +124,11 @@ class Device:
 
     def optimizer_settings(self) -> OptimizerSettings:
         """What `prepare` optimizes with here: the defaults, plus QDQ fusion on the fast CPU
-        backend when oneDNN runs its integer steps (with 7-bit weights only where its int8
-        kernels are exact for no more: x86 without VNNI; docs/quantization.md)."""
+        backend when oneDNN runs its integer convolutions (`KN_INT8_CONV=1` for now, see
+        `onednn.int8.conv_enabled`; with 7-bit weights only where its int8 kernels are exact
+        for no more: x86 without VNNI; docs/quantization.md). Without them a fused convolution
+        would take the exact but slow float64 step, and the QDQ graph's float convolutions are
+        faster."""
         from kn_graph.optimizer import OptimizerSettings
 
         if not self.fast:
@@ -133,8 +136,8 @@ class Device:
         from kn_cuda_eval.cpu import onednn
         from kn_cuda_eval.cpu.runtime import onednn_usable
 
-        if not onednn_usable():  # (sets libgomp's spin count before oneDNN loads it)
-            return OptimizerSettings()
+        if not onednn_usable() or not onednn.conv_enabled():  # (onednn_usable first: it sets
+            return OptimizerSettings()  # libgomp's spin count before oneDNN loads it)
         return OptimizerSettings(fuse_qdq=True, qdq_weight_bits=8 if onednn.has_vnni() else 7)
 
     def _backend(self, settings: Any) -> Backend:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -87,6 +88,7 @@ __all__ = [
     "INT_CONV_LAYOUTS",
     "SAFE_WEIGHT",
     "Constants",
+    "conv_enabled",
     "exact_weights",
     "int_conv_runner",
     "int_matmul_runner",
@@ -308,6 +310,17 @@ def _with_zero(
 
 
 # -- convolution ------------------------------------------------------------------------------
+def conv_enabled() -> bool:
+    """Whether integer convolutions run on oneDNN: only with `KN_INT8_CONV=1` for now. Found at
+    the end of the session that built them: with 2 threads, the first evaluation of a new
+    binding (the int8 QOperator ResNet-18 fixture at batch 3, after another executor ran in the
+    process) now and then gives a wrong result (logits 0.217 off, the same value each time), and
+    later evaluations are right; the matmul runner, and every path with this one off, stayed
+    exact in the same runs. Until that is found, integer convolutions take the exact emulator
+    step. `benchmarks/int8_steps.py` and the tests that exercise the runner turn it on."""
+    return os.environ.get("KN_INT8_CONV", "") == "1"
+
+
 def _auto_layout(s: st.IntConv) -> str:
     """oneDNN's own layout (benchmarks/int8_steps.py, AVX2, on a shared 2-core machine, so
     tentative): on its quietest run 2.7x faster than channels last on a 1x1 256->64 at 56x56
@@ -332,6 +345,8 @@ def int_conv_runner(
     s = step
     if layout not in INT_CONV_LAYOUTS:
         raise ValueError(f"int_conv_runner: layout {layout!r} is not one of {INT_CONV_LAYOUTS}")
+    if not conv_enabled():
+        return None
     if s.out.numel == 0 or s.x.rank not in _NHWC or available() is not None:
         return None
     zshape = (s.w.shape[0],) + (1,) * (s.w.rank - 1)

@@ -64,6 +64,10 @@ def _check(g: Graph, feed: list[np.ndarray], onednn_steps: int) -> None:
     assert len(ran) == (onednn_steps if HAVE else 0), ex.names
 
 
+CONV = int(onednn.conv_enabled())
+"""Integer convolutions run on oneDNN only with KN_INT8_CONV=1 for now (int8.conv_enabled)."""
+
+
 def _taken(lim: int) -> int:
     """1 when oneDNN runs a product whose shifted constant weights reach ±lim, here."""
     return int(lim <= onednn.SAFE_WEIGHT or bool(onednn.has_vnni()))
@@ -103,7 +107,8 @@ def test_emulator_runs_integer_steps_exactly() -> None:
 
 def test_per_row_source_zero_falls_back_exactly() -> None:
     g, feed = _small_graph()  # the matmul's a_zero differs per row: no oneDNN form
-    _check(g, feed, 1 if onednn.has_vnni() else 0)  # the conv's weights are full range
+    # the conv's weights are full range
+    _check(g, feed, 1 if onednn.has_vnni() and onednn.conv_enabled() else 0)
 
 
 # -- matmul ----------------------------------------------------------------------------------
@@ -185,7 +190,7 @@ def test_int_conv_on_the_cpu(tx: DType, tw: DType, case: str) -> None:
         w = g.constant(_weights(tw, (k, shape[1] // groups, *ks), zw, LIMITS[weights], 0))
         zx = g.scalar(6 if tx is DType.U8 else -6, tx)
         g.add_output(g.int_conv(x, w, zx, g.constant(zw), stride, pad, dil, groups), "y")
-        _check(g, [_source(tx, shape)], _taken(LIMITS[weights]))
+        _check(g, [_source(tx, shape)], _taken(LIMITS[weights]) * CONV)
 
 
 def test_int_conv_source_zero_computed_at_run_time() -> None:
@@ -195,7 +200,9 @@ def test_int_conv_source_zero_computed_at_run_time() -> None:
         zx = g.input(Shape.of(), tx, "zx")
         w = g.constant(_weights(DType.I8, (8, 8, 3, 3), np.zeros(8, np.int8), 64, 0))
         g.add_output(g.int_conv(x, w, zx, g.scalar(0, DType.I8), None, (1, 1)), "y")
-        _check(g, [_source(tx, (1, 8, 10, 10)), np.array(-7 if tx is DType.I8 else 200, tx.np)], 1)
+        _check(
+            g, [_source(tx, (1, 8, 10, 10)), np.array(-7 if tx is DType.I8 else 200, tx.np)], CONV
+        )
 
 
 def test_int_conv_output_feeds_float_steps() -> None:
@@ -206,4 +213,4 @@ def test_int_conv_output_feeds_float_steps() -> None:
     y = g.int_conv(x, w, g.scalar(128, DType.U8), g.scalar(0, DType.I8), None, (1, 1))
     s: Value = g.mul(g.cast(y, DType.F32), 0.01)
     g.add_output(g.relu(s), "y")
-    _check(g, [_source(DType.U8, (1, 4, 8, 8))], 1)
+    _check(g, [_source(DType.U8, (1, 4, 8, 8))], CONV)
