@@ -63,11 +63,10 @@ def test_quantized_fixture_matches_onnxruntime(fx: dict) -> None:
     for k, ds in enumerate(fx["datasets"]):
         feed = {n: data[f"in{k}:{n}"] for n in graph.input_names}
         want = [data[f"out{k}:{n}"] for n in graph.output_names]
-        runs = (
-            ("reference", evaluate(graph, feed), OUTPUT_UNITS),
-            ("cpu as loaded", as_loaded.eval(feed), OUTPUT_UNITS),
-            ("cpu", optimized.eval(feed), OUTPUT_UNITS),
-        )
+        runs = [("reference", evaluate(graph, feed), OUTPUT_UNITS)]
+        runs.append(("cpu", optimized.eval(feed), OUTPUT_UNITS))
+        if k == 0:  # the graph as loaded at one binding: each binding compiles its own kernels
+            runs.append(("cpu as loaded", as_loaded.eval(feed), OUTPUT_UNITS))
         for who, outs, units in runs:
             for name, got, ref in zip(graph.output_names, outs, want, strict=True):
                 scale = ds["outputs"][name].get("output_scale")
