@@ -18,6 +18,7 @@ __all__ = [
     "ModelFolderError",
     "OnnxImportError",
     "PlanError",
+    "RequestError",
     "ShapeMismatchError",
     "StaticInputRequiredError",
     "SymbolicSizeError",
@@ -120,3 +121,13 @@ class ModelFolderError(KnError):
     """A model folder (an LLM export for `kn_runtime.generate`) lacks a file, has a layout
     Kyanite does not know, or holds files that do not fit together (a tokenizer whose vocabulary
     is larger than the model's logits); the message names the file and what to do."""
+
+
+class RequestError(KnError, ValueError):
+    """A request to a served model is malformed: unreadable body, unknown media type, missing or
+    unexpected inputs, a dtype or shape the model does not take, a body over the size limit.
+    `status` is the HTTP status a server answers with (400, 413 or 415)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status

@@ -99,6 +99,7 @@ class PreparedGraph:
         """The last call's input signature (`_signature`), the cache's `dropped` count then, and
         the executor it ran on: a call with the same signature skips binding and the lookup."""
         self._seg_last: dict[int, tuple[Hashable, int, Executor]] = {}
+        self._batched: Any = None  # the BatchedModel of `run_batch`, made on first use
         """The same per segment (graph id): its last binding, `dropped`, executor."""
         if isinstance(graph, ValueSpecializing):
             self._specializing = graph
@@ -227,6 +228,20 @@ class PreparedGraph:
         ex = self.executor(bind_shapes(self.graph, inputs, self.batch_size))
         self._last = None if sig is None else (sig, self.cache.dropped, ex)
         return ex
+
+    def run_batch(
+        self, requests: Sequence[Mapping[str, np.ndarray]], *, return_exceptions: bool = False
+    ) -> list[Any]:
+        """Many requests (name -> array maps, each with its own batch axis), as few evaluations as
+        the graph allows: concatenated along the batch axis, ragged sequences padded when the
+        model has an attention mask, one evaluation per request when neither is possible; each
+        request's outputs by name (`kn_runtime.serve.BatchedModel.run_batch`)."""
+        batched = self._batched
+        if batched is None:
+            from kn_runtime.serve.batching import BatchedModel
+
+            batched = self._batched = BatchedModel(self)
+        return batched.run_batch(requests, return_exceptions=return_exceptions)
 
     def profile(self, inputs: Inputs) -> Any:
         """Per-step device times of one evaluation (`kn_cuda_eval.planning.profile.Profile`):

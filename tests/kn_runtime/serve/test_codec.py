@@ -1,0 +1,141 @@
+"""The HTTP bodies every front end shares: each request form decodes to the arrays it spells,
+each response form decodes back to the outputs bit for bit, and every malformed body is a
+RequestError with the status a server must answer."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from kn_graph.errors import InputMismatchError, RequestError
+from kn_runtime import Device
+from kn_runtime.serve import BatchedModel, codec
+from tests.paths import MODELS
+
+
+@pytest.fixture(scope="module")
+def bert() -> BatchedModel:
+    from kn_graph.onnx import load_onnx
+
+    return BatchedModel(Device.cpu(threads=1).prepare(load_onnx(MODELS / "bert_ts.onnx")))
+
+
+@pytest.fixture(scope="module")
+def one_input() -> BatchedModel:
+    from kn_graph import DType, Graph, Shape, Size
+
+    g = Graph()
+    x = g.input(Shape.of(Size.sym("B"), 2), DType.F32, "x")
+    g.add_output(g.relu(x), "y")
+    return BatchedModel(Device.cpu().prepare(g))
+
+
+IDS = [[101, 7, 9]]
+
+
+def _npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def test_json_forms_decode_to_the_model_dtypes(bert: BatchedModel) -> None:
+    plain = {"input_ids": IDS, "attention_mask": [[1, 1, 1]], "token_type_ids": [[0, 0, 0]]}
+    for doc in (
+        {"inputs": plain},
+        plain,
+        {"inputs": {k: {"data": v[0], "shape": [1, 3]} for k, v in plain.items()}},
+        {
+            "inputs": [
+                {"name": k, "shape": [1, 3], "datatype": "INT64", "data": v[0]}
+                for k, v in plain.items()
+            ]
+        },
+    ):
+        got = codec.decode_request(json.dumps(doc).encode(), "application/json", bert)
+        assert sorted(got) == sorted(plain)
+        for k, v in plain.items():
+            assert got[k].dtype == np.int64
+            np.testing.assert_array_equal(got[k], np.array(v))
+
+
+def test_npy_and_npz_bodies(bert: BatchedModel, one_input: BatchedModel) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    for ctype in ("application/x-npy", "application/octet-stream", None):
+        got = codec.decode_request(_npy(x), ctype, one_input)
+        np.testing.assert_array_equal(got["x"], x)
+    buf = io.BytesIO()
+    np.savez(buf, input_ids=np.array(IDS), attention_mask=np.ones((1, 3), np.int64))
+    got = codec.decode_request(buf.getvalue(), "application/x-npz", bert)
+    np.testing.assert_array_equal(got["input_ids"], np.array(IDS))
+    with pytest.raises(RequestError, match=r"send an \.npz archive") as e:
+        codec.decode_request(_npy(x), "application/x-npy", bert)
+    assert e.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype", "status", "words"),
+    [
+        (b'{"inputs": {"x": [[1, 2]', "application/json", 400, "malformed JSON"),
+        (b"[1, 2]", "application/json", 400, "expected an object"),
+        (b'{"x": [[1, "a"]]}', "application/json", 400, "input 'x'"),
+        (b'{"x": {"data": [1, 2, 3], "shape": [2, 2]}}', "application/json", 400, "holds 4"),
+        (b'{"x": {"data": [1], "dtype": "nonsense"}}', "application/json", 400, "unknown dtype"),
+        (b'{"inputs": [{"name": "x", "datatype": "FP99", "data": [1]}]}', None, 400, "FP99"),
+        (b"\x93NUMPY garbage", "application/x-npy", 400, "not a readable .npy"),
+        (b"PK garbage", "application/x-npz", 400, "not a readable .npz"),
+        (b"x=1", "text/plain", 415, "unsupported media type"),
+    ],
+)
+def test_malformed_bodies_get_their_status(
+    one_input: BatchedModel, body: bytes, ctype: str | None, status: int, words: str
+) -> None:
+    with pytest.raises(RequestError, match=words) as e:
+        codec.decode_request(body, ctype, one_input)
+    assert e.value.status == status
+    code, text = codec.encode_error(e.value)
+    assert code == status and json.loads(text)["error"] == "RequestError"
+
+
+def test_a_body_over_the_limit_is_413(one_input: BatchedModel) -> None:
+    body = _npy(np.zeros((1000, 2), np.float32))
+    with pytest.raises(RequestError, match="over the limit") as e:
+        codec.decode_request(body, "application/x-npy", one_input, max_bytes=len(body) - 1)
+    assert e.value.status == 413
+
+
+def test_a_pickled_npy_never_loads(one_input: BatchedModel) -> None:
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(RequestError, match=r"not a readable \.npy"):
+        codec.decode_request(buf.getvalue(), "application/x-npy", one_input)
+
+
+def test_responses_decode_back_bit_for_bit() -> None:
+    rng = np.random.default_rng(0)
+    outs = {"y": rng.standard_normal((2, 3)).astype(np.float32), "k": np.arange(4)}
+    body, ctype = codec.encode_response(outs, None, "application/json")
+    assert ctype == "application/json"
+    doc = json.loads(body)["outputs"]
+    for name, a in outs.items():
+        back = np.array(doc[name]["data"], dtype=doc[name]["dtype"]).reshape(doc[name]["shape"])
+        np.testing.assert_array_equal(back, a)
+    body, ctype = codec.encode_response({"y": outs["y"]}, None, "application/x-npy")
+    assert ctype == "application/x-npy"
+    np.testing.assert_array_equal(np.load(io.BytesIO(body)), outs["y"])
+    body, ctype = codec.encode_response(outs, "application/x-npz", "application/json")
+    assert ctype == "application/x-npz"
+    with np.load(io.BytesIO(body)) as z:
+        np.testing.assert_array_equal(z["k"], outs["k"])
+
+
+def test_statuses_of_errors_that_are_not_request_errors() -> None:
+    assert codec.http_status(InputMismatchError("x")) == 400
+    status, body = codec.encode_error(RuntimeError("boom"))
+    assert status == 500 and json.loads(body) == {
+        "error": "internal error (RuntimeError)",
+        "message": "boom",
+    }
