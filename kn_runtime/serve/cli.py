@@ -1,0 +1,129 @@
+"""`kn-serve`: serve an ONNX model over HTTP on Ray Serve or Triton, or write a Triton model
+repository for a Triton server of your own.
+
+    kn-serve model.onnx --engine ray --replicas 2 --port 8000      # Ray Serve (extra serve-ray)
+    kn-serve model.onnx --engine triton --port 8000 --grpc-port 8001   # PyTriton (serve-triton)
+    kn-serve export-triton model.onnx repo/ --max-batch-size 16    # a model repository
+
+Requests: JSON, `.npy` or `.npz` bodies (`kn_runtime.serve.codec`) on Ray; the KServe v2
+protocol (tritonclient, HTTP and gRPC) on Triton. Bad arguments end with one line on stderr
+(`kn-serve: error: ...`), status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kn_graph._cli import CliError, OneLineParser
+from kn_graph.errors import KnError
+
+__all__ = ["build_parser", "main"]
+
+EXPORT = "export-triton"
+
+
+def build_parser() -> OneLineParser:
+    ap = OneLineParser(prog="kn-serve", description=__doc__.split("\n")[0])
+    ap.add_argument("model", type=Path, help="an ONNX file")
+    ap.add_argument("--engine", choices=["ray", "triton"], default="ray")
+    ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    ap.add_argument("--grpc-port", type=int, default=8001, help="Triton's gRPC port (8001)")
+    ap.add_argument("--replicas", type=int, default=1, help="Ray: replicas (default 1)")
+    ap.add_argument("--address", default=None, help="Ray: a running cluster (default: local)")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads per replica (1)")
+    ap.add_argument("--max-batch-size", type=int, default=16, help="dynamic batching cap (16)")
+    ap.add_argument(
+        "--batch-wait-ms", type=float, default=5.0, help="longest wait to fill a batch (5 ms)"
+    )
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
+    return ap
+
+
+def build_export_parser() -> OneLineParser:
+    ap = OneLineParser(prog=f"kn-serve {EXPORT}", description="write a Triton model repository")
+    ap.add_argument("model", type=Path, help="an ONNX file")
+    ap.add_argument("out", type=Path, help="the repository folder (created)")
+    ap.add_argument("--name", default="kyanite", help="the model's name in the repository")
+    ap.add_argument("--max-batch-size", type=int, default=16)
+    ap.add_argument("--instances", type=int, default=1, help="instance_group count")
+    ap.add_argument("--kind", default="KIND_CPU", choices=["KIND_CPU", "KIND_GPU"])
+    ap.add_argument(
+        "--link", action="store_true", help="refer to the model file instead of copying it"
+    )
+    return ap
+
+
+def _positive(value: int, flag: str) -> None:
+    if value < 1:
+        raise CliError(f"{flag}: expected a positive integer, found {value}")
+
+
+def run(argv: list[str]) -> None:
+    if argv and argv[0] == EXPORT:
+        args = build_export_parser().parse_args(argv[1:])
+        _positive(args.max_batch_size, "--max-batch-size")
+        _positive(args.instances, "--instances")
+        from kn_runtime.serve.repository import write_repository
+
+        out = write_repository(
+            args.model,
+            args.out,
+            name=args.name,
+            max_batch_size=args.max_batch_size,
+            instances=args.instances,
+            kind=args.kind,
+            copy_model=not args.link,
+        )
+        print(f"wrote the Triton model repository {out}")
+        return
+    args = build_parser().parse_args(argv)
+    for flag in ("replicas", "threads", "max_batch_size"):
+        _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
+    if not args.model.is_file():
+        raise CliError(f"model: '{args.model}' is not a file")
+    wait_s = args.batch_wait_ms / 1000
+    if args.engine == "ray":
+        from kn_runtime.serve.ray_serve import serve_forever
+
+        serve_forever(
+            args.model,
+            port=args.port,
+            replicas=args.replicas,
+            threads=args.threads,
+            max_batch_size=args.max_batch_size,
+            batch_wait_timeout_s=wait_s,
+            address=args.address,
+            device=args.device,
+        )
+    else:
+        from kn_runtime.serve.triton import serve_forever as triton_forever
+
+        triton_forever(
+            args.model,
+            http_port=args.port,
+            grpc_port=args.grpc_port,
+            threads=args.threads,
+            max_batch_size=args.max_batch_size,
+            max_queue_delay_us=int(args.batch_wait_ms * 1000),
+            device=args.device,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit status 0 when the server stops, 2 on a bad argument or model (one line on stderr),
+    130 on Ctrl-C."""
+    try:
+        run(sys.argv[1:] if argv is None else argv)
+    except (KnError, OSError) as e:
+        text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"kn-serve: error: {text}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kn-serve: stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
