@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +75,16 @@ class BatchedModel:
     docstring). `max_batch_size` caps the rows of one evaluation (None: no cap; a single request
     larger than the cap still runs, alone)."""
 
-    def __init__(self, prepared: PreparedGraph, *, max_batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        prepared: PreparedGraph,
+        *,
+        max_batch_size: int | None = None,
+        evaluate: Callable[[dict[str, np.ndarray]], list[np.ndarray]] | None = None,
+    ) -> None:
+        """`evaluate`: another runtime behind the same checks and batching (None: the prepared
+        graph's `eval`; the serving benchmark puts onnxruntime here, `load_model(...,
+        runtime="onnxruntime")`). It takes inputs by name, returns outputs in graph order."""
         if max_batch_size is not None and (
             isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int)
         ):
@@ -84,6 +93,7 @@ class BatchedModel:
             raise ArgumentValueError(f"max_batch_size must be >= 1, found {max_batch_size}")
         self.prepared = prepared
         self.max_batch_size = max_batch_size
+        self._evaluate = evaluate
         self._warned = False
         self.why_not: str | None = None
         """Why requests cannot share an evaluation (None: they can)."""
@@ -289,7 +299,7 @@ class BatchedModel:
         return 0
 
     def _eval(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outs = self.prepared.eval(arrays)
+        outs = self.prepared.eval(arrays) if self._evaluate is None else self._evaluate(arrays)
         return dict(zip(self.output_names, outs, strict=True))
 
 
@@ -299,12 +309,24 @@ def load_model(
     device: str = "cpu",
     threads: int | None = None,
     max_batch_size: int | None = None,
+    runtime: str = "kyanite",
 ) -> BatchedModel:
     """An ONNX file prepared for serving: `device` "cpu" (the CPU backend with `threads`
-    intra-op threads), "cuda" / "cuda:N", or "best" (a GPU when one works)."""
+    intra-op threads), "cuda" / "cuda:N", or "best" (a GPU when one works). `runtime=
+    "onnxruntime"` puts an onnxruntime session (CPU, `threads` intra-op threads) behind the same
+    checks and batching: the peer, measured through the same server code."""
     from kn_graph.onnx import load_onnx
     from kn_runtime.device import Device
 
+    if runtime == "onnxruntime":
+        graph = load_onnx(os.fspath(path))
+        return BatchedModel(
+            Device.cpu(reference=True).prepare(graph),  # specs only: it never evaluates
+            max_batch_size=max_batch_size,
+            evaluate=_onnxruntime(path, threads),
+        )
+    if runtime != "kyanite":
+        raise ArgumentValueError(f"runtime: expected kyanite or onnxruntime, found {runtime!r}")
     if device == "cpu":
         dev = Device.cpu(threads)
     elif device == "best":
@@ -319,6 +341,23 @@ def load_model(
     else:
         raise ArgumentValueError(f"device: expected cpu, cuda, cuda:N or best, found {device!r}")
     return BatchedModel(dev.prepare(load_onnx(os.fspath(path))), max_batch_size=max_batch_size)
+
+
+def _onnxruntime(
+    path: str | os.PathLike[str], threads: int | None
+) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or 0
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    session = ort.InferenceSession(os.fspath(path), opts, providers=["CPUExecutionProvider"])
+
+    def evaluate(arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return list(session.run(None, arrays))
+
+    return evaluate
 
 
 def _batch_symbol(graph: Graph) -> str | Size | None:

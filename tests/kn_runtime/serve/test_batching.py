@@ -205,3 +205,12 @@ def test_prepared_graph_run_batch_is_the_same_entry_point(alone) -> None:
     answers = Device.cpu(threads=2).prepare(load_onnx(TINY)).run_batch(requests)
     for request, answer in zip(requests, answers, strict=True):
         np.testing.assert_allclose(answer["logits"], alone.eval(request)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_onnxruntime_behind_the_same_batching(alone) -> None:
+    """The peer the serving benchmark measures through the same server code."""
+    model = load_model(TINY, threads=1, runtime="onnxruntime")
+    rng = np.random.default_rng(8)
+    requests = [_images(rng, 2), _images(rng, 1)]
+    for request, answer in zip(requests, model.run_batch(requests), strict=True):
+        np.testing.assert_allclose(answer["logits"], alone.eval(request)[0], rtol=RTOL, atol=ATOL)
