@@ -1,0 +1,330 @@
+"""A Triton model repository that runs Kyanite: `write_repository(model.onnx, out)` writes
+`out/<name>/config.pbtxt` (inputs and outputs from the graph, the batch axis folded into
+`max_batch_size`, -1 for every other symbolic size, dynamic batching, an instance group) and
+`out/<name>/1/model.py`, whose `TritonPythonModel` (defined here) loads the model with
+`load_model` and answers the requests of each `execute` with one `BatchedModel.run_batch`.
+
+    kyanite/
+      config.pbtxt
+      1/model.py     from kn_runtime.serve.repository import TritonPythonModel
+      1/model.onnx   (or a path in config.pbtxt's parameters: `copy_model=False`)
+
+Any Triton server with the Python backend serves it, provided its Python can import kyanite
+(`pip install kyanite` in the server's image, or `python_path=` a folder that holds it). Tensors
+cross the backend's boundary by DLPack: the stub's own NumPy conversion (`as_numpy`,
+`Tensor(name, array)`) is compiled against NumPy 1's ABI in the stubs PyTriton 0.5-0.7 ship and
+reads NumPy 2 arrays as zeros (see `kn_runtime.serve.triton`); DLPack does not go through it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kn_graph.errors import ArgumentValueError
+from kn_runtime.serve.batching import BatchedModel, TensorSpec
+
+__all__ = ["TRITON_TYPES", "TritonPythonModel", "config_text", "triton_type", "write_repository"]
+
+log = logging.getLogger(__name__)
+
+TRITON_TYPES: dict[np.dtype, str] = {
+    np.dtype(np.bool_): "TYPE_BOOL",
+    np.dtype(np.uint8): "TYPE_UINT8",
+    np.dtype(np.uint16): "TYPE_UINT16",
+    np.dtype(np.uint32): "TYPE_UINT32",
+    np.dtype(np.uint64): "TYPE_UINT64",
+    np.dtype(np.int8): "TYPE_INT8",
+    np.dtype(np.int16): "TYPE_INT16",
+    np.dtype(np.int32): "TYPE_INT32",
+    np.dtype(np.int64): "TYPE_INT64",
+    np.dtype(np.float16): "TYPE_FP16",
+    np.dtype(np.float32): "TYPE_FP32",
+    np.dtype(np.float64): "TYPE_FP64",
+}
+"""NumPy dtypes and the `data_type` Triton's model configuration names them by."""
+
+MODEL_FILE = "model.onnx"
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# parameters model.py reads back from config.pbtxt
+P_MODEL = "kyanite_model"
+P_DEVICE = "kyanite_device"
+P_THREADS = "kyanite_threads"
+
+MODEL_PY = '''"""Kyanite behind Triton's Python backend (written by kn_runtime.serve.repository).
+The model file, device and threads are parameters in ../config.pbtxt."""
+
+import sys
+
+_PATH = {path!r}  # a folder put first on sys.path (where kyanite is installed), or None
+if _PATH and _PATH not in sys.path:
+    sys.path.insert(0, _PATH)
+
+from kn_runtime.serve.repository import TritonPythonModel  # noqa: E402
+
+__all__ = ["TritonPythonModel"]
+'''
+
+
+def triton_type(dtype: np.dtype, what: str) -> str:
+    """Triton's `data_type` of a NumPy dtype; ArgumentValueError naming `what` for a dtype Triton
+    has no type for."""
+    try:
+        return TRITON_TYPES[np.dtype(dtype)]
+    except KeyError:
+        raise ArgumentValueError(
+            f"{what}: dtype {np.dtype(dtype).name} has no Triton data type (expected one of "
+            f"{', '.join(sorted(d.name for d in TRITON_TYPES))})"
+        ) from None
+
+
+def _quoted(text: str, what: str) -> str:
+    if any(c in text for c in '"\\\n\r'):
+        raise ArgumentValueError(f"{what}: {text!r} cannot be written into config.pbtxt")
+    return f'"{text}"'
+
+
+def _tensor(spec: TensorSpec, batched: bool, what: str) -> str:
+    """One `input`/`output` entry: the batch axis left out when Triton batches (it is
+    `max_batch_size`'s), -1 for a symbolic size; a scalar is `[1]` reshaped to `[]`."""
+    shape = spec.shape[1:] if batched and spec.batched else spec.shape
+    dims = [-1 if d is None else d for d in shape]
+    reshape = ""
+    if not dims:
+        dims, reshape = [1], " reshape: { shape: [ ] }"
+    return (
+        f"  {{ name: {_quoted(spec.name, what)} data_type: {triton_type(spec.dtype, what)} "
+        f"dims: [ {', '.join(str(d) for d in dims)} ]{reshape} }}"
+    )
+
+
+def config_text(
+    model: BatchedModel,
+    *,
+    name: str = "kyanite",
+    max_batch_size: int = 16,
+    instances: int = 1,
+    dynamic_batching: bool = True,
+    max_queue_delay_us: int = 1000,
+    kind: str = "KIND_CPU",
+    parameters: dict[str, str] | None = None,
+) -> str:
+    """The `config.pbtxt` of a model served by the Python backend. A model whose requests cannot
+    share an evaluation (`model.batchable` is False) gets `max_batch_size: 0` and its full shapes:
+    Triton then hands each request over as it came."""
+    if kind not in ("KIND_CPU", "KIND_GPU"):
+        raise ArgumentValueError(f"kind: expected KIND_CPU or KIND_GPU, found {kind!r}")
+    for value, what in ((max_batch_size, "max_batch_size"), (instances, "instances")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentValueError(f"{what}: expected a positive int, found {value!r}")
+    if isinstance(max_queue_delay_us, bool) or not isinstance(max_queue_delay_us, int):
+        raise ArgumentValueError(
+            f"max_queue_delay_us: expected an int, found {max_queue_delay_us!r}"
+        )
+    if max_queue_delay_us < 0:
+        raise ArgumentValueError(f"max_queue_delay_us must be >= 0, found {max_queue_delay_us}")
+    batched = model.batchable
+    lines = [
+        f"name: {_quoted(name, 'name')}",
+        'backend: "python"',
+        f"max_batch_size: {max_batch_size if batched else 0}",
+        "input [",
+        ",\n".join(_tensor(s, batched, f"input '{s.name}'") for s in model.inputs),
+        "]",
+        "output [",
+        ",\n".join(_tensor(s, batched, f"output '{s.name}'") for s in model.outputs),
+        "]",
+    ]
+    if batched and dynamic_batching:
+        lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}")
+    lines.append(f"instance_group [ {{ count: {instances} kind: {kind} }} ]")
+    for key, text in (parameters or {}).items():
+        lines.append(
+            f"parameters {{ key: {_quoted(key, 'parameter')} "
+            f"value: {{ string_value: {_quoted(text, f'parameter {key}')} }} }}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_repository(
+    model_path: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    name: str = "kyanite",
+    max_batch_size: int = 16,
+    instances: int = 1,
+    dynamic_batching: bool = True,
+    max_queue_delay_us: int = 1000,
+    kind: str = "KIND_CPU",
+    copy_model: bool = True,
+    threads: int | None = 1,
+    python_path: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Write (or overwrite) `out_dir/<name>/` and return that folder. The model is loaded here
+    once, for its inputs and outputs (and to fail now, not in the server, on a model Kyanite
+    cannot load). `copy_model=False` refers to the model by its absolute path instead of copying
+    it (with its external data) into `1/`. `threads`: intra-op threads of each instance's CPU
+    backend (None: all cores; `instances` times `threads` should not exceed them). `kind="KIND_GPU"`
+    runs each instance on its GPU (`Device.cuda(device_id)`). `python_path`: a folder model.py
+    puts first on `sys.path`, for a server whose Python lacks kyanite."""
+    from kn_runtime.serve.batching import load_model
+
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ArgumentValueError(
+            f"name: expected letters, digits, '_', '.', '-' (a folder name), found {name!r}"
+        )
+    src = Path(model_path)
+    if not src.is_file():
+        raise ArgumentValueError(f"model_path: '{src}' is not a file")
+    model = load_model(src, device="cpu", threads=1)
+    params = {P_MODEL: MODEL_FILE if copy_model else str(src.resolve())}
+    params[P_DEVICE] = "cuda" if kind == "KIND_GPU" else "cpu"
+    if threads is not None:
+        params[P_THREADS] = str(threads)
+    text = config_text(
+        model,
+        name=name,
+        max_batch_size=max_batch_size,
+        instances=instances,
+        dynamic_batching=dynamic_batching,
+        max_queue_delay_us=max_queue_delay_us,
+        kind=kind,
+        parameters=params,
+    )
+    folder = Path(out_dir) / name
+    version = folder / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(text)
+    extra = None if python_path is None else str(Path(python_path).resolve())
+    (version / "model.py").write_text(MODEL_PY.format(path=extra))
+    if copy_model:
+        _copy_model(src, version)
+    elif (version / MODEL_FILE).exists():
+        (version / MODEL_FILE).unlink()
+    log.info("wrote the Triton model repository %s", folder)
+    return folder
+
+
+def _copy_model(src: Path, version: Path) -> None:
+    """The ONNX file as `1/model.onnx`, with the external-data files it names beside it (their
+    paths are relative to the model's folder)."""
+    import onnx
+
+    shutil.copyfile(src, version / MODEL_FILE)
+    proto = onnx.load(str(src), load_external_data=False)
+    tensors = list(proto.graph.initializer)
+    for node in proto.graph.node:
+        tensors.extend(a.t for a in node.attribute if a.HasField("t"))
+    for t in tensors:
+        for entry in t.external_data:
+            if entry.key == "location":
+                dst = version / entry.value
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src.parent / entry.value, dst)
+
+
+# -- the model Triton's Python backend runs -----------------------------------------------------
+
+
+class TritonPythonModel:
+    """Kyanite in Triton's Python backend: `initialize` loads the model named in config.pbtxt
+    (`load_model`, on the instance's GPU for KIND_GPU), `execute` answers every request Triton
+    hands over (a dynamic batch) from one `run_batch`; a request that fails (a shape the model
+    rejects, an evaluation error) gets its own error response and the others their outputs."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        from kn_runtime.serve.batching import load_model
+
+        self._pb = pb_utils
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        path = Path(params.get(P_MODEL, MODEL_FILE))
+        if not path.is_absolute():
+            path = Path(args["model_repository"]) / args["model_version"] / path
+        device = params.get(P_DEVICE, "cpu")
+        if device == "cuda" or args.get("model_instance_kind") == "GPU":
+            device = f"cuda:{int(args.get('model_instance_device_id', 0))}"
+        threads = int(params[P_THREADS]) if params.get(P_THREADS) else None
+        self.model = load_model(path, device=device, threads=threads)
+        log.info("kyanite: %s on %s (%s)", path, device, args.get("model_instance_name"))
+
+    def execute(self, requests: Sequence[Any]) -> list[Any]:
+        pb = self._pb
+        names = self.model.input_names
+        arrays: list[Any] = []
+        for request in requests:
+            try:
+                got = {}
+                for n in names:
+                    tensor = pb.get_input_tensor_by_name(request, n)
+                    if tensor is not None:  # Triton checks required inputs; run_batch names it
+                        got[n] = _to_numpy(tensor)
+                arrays.append(got)
+            except Exception as exc:  # a tensor that cannot be read fails its request alone
+                arrays.append(exc)
+        readable = [a for a in arrays if not isinstance(a, Exception)]
+        answers = iter(self.model.run_batch(readable, return_exceptions=True))
+        responses = []
+        for a in arrays:
+            result = a if isinstance(a, Exception) else next(answers)
+            if isinstance(result, BaseException):
+                error = pb.TritonError(f"{type(result).__name__}: {result}")
+                responses.append(pb.InferenceResponse(output_tensors=[], error=error))
+            else:
+                tensors = [_to_tensor(pb, n, v) for n, v in result.items()]
+                responses.append(pb.InferenceResponse(output_tensors=tensors))
+        return responses
+
+    def finalize(self) -> None:
+        self.model.prepared.close()
+
+
+def _to_numpy(tensor: Any) -> np.ndarray:
+    """An input as NumPy: by DLPack (a view of the request's memory, valid during `execute`),
+    else `as_numpy()` (string tensors, and bool, which NumPy 1 does not take by DLPack)."""
+    try:
+        return np.from_dlpack(tensor)
+    except Exception:
+        return tensor.as_numpy()
+
+
+def _to_tensor(pb: Any, name: str, array: np.ndarray) -> Any:
+    """An output for the backend, handed over by DLPack (see `_to_numpy`)."""
+    array = np.ascontiguousarray(array)
+    try:
+        capsule = array.__dlpack__()
+    except Exception:  # bool on NumPy 1
+        return pb.Tensor(name, array)
+    tensor = pb.Tensor.from_dlpack(name, capsule)
+    _mark_consumed(capsule)
+    return tensor
+
+
+_USED = b"used_dltensor"
+_GET_NAME = ctypes.pythonapi.PyCapsule_GetName
+_GET_NAME.argtypes, _GET_NAME.restype = [ctypes.py_object], ctypes.c_char_p
+_SET_NAME = ctypes.pythonapi.PyCapsule_SetName
+_SET_NAME.argtypes, _SET_NAME.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_int
+
+
+def _mark_consumed(capsule: Any) -> None:
+    """The backend's stub renames a capsule it consumed `used_dlpack` where the DLPack protocol
+    says `used_dltensor`; NumPy's capsule destructor then reports an unraisable ValueError
+    ("PyCapsule_GetPointer called with incorrect name") for every output. Its tensor owns the
+    DLPack tensor either way (it calls the deleter); the protocol's name keeps NumPy quiet."""
+    try:
+        if _GET_NAME(capsule) == b"used_dlpack":
+            _SET_NAME(capsule, _USED)
+    except Exception as exc:  # not a capsule of this kind: nothing to mend
+        log.debug("capsule left as it was: %s", exc)

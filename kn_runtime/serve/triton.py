@@ -1,0 +1,435 @@
+"""Kyanite on PyTriton: a Triton Inference Server (the binary inside the `nvidia-pytriton`
+wheel) whose model is a Python callable in this process that answers each dynamic batch with
+one `BatchedModel.run_batch`. Clients speak Triton's KServe v2 protocol (`tritonclient.http`,
+`tritonclient.grpc`).
+
+    triton = start(http_port=8000, grpc_port=8001)
+    bind(triton, load_model("model.onnx"), max_batch_size=16)
+    triton.serve()                      # or serve_forever("model.onnx") for both
+
+Triton runs the Python side of a model in a stub process (`triton_python_backend_stub`, one
+build per Python minor version in the wheel) that embeds `libpython3.X.so` and takes its
+standard library and site-packages from the first `python3` on its PATH (PyTriton puts this
+environment's `bin` first). `start` gives it what it needs:
+- the running interpreter's own `libpython` (LD_LIBRARY_PATH): the loader otherwise finds the
+  system's, of another patch release, whose `_thread` lacks what this standard library calls
+  (`'_thread.RLock' object has no attribute '_recursion_count'`: Debian's 3.11.2 library under
+  pyenv's 3.11.7 standard library, pytriton issue #51);
+- NumPy 1 inside the stub: PyTriton 0.5-0.7 build the stub with a pybind11 that reads NumPy's
+  array structs as NumPy 1 lays them out, so under NumPy 2 every input reaches the model as
+  zeros and every output comes back empty ("cannot reshape array of size 0"; fixed in the
+  python_backend by pybind11 2.12, PR #384, not in these wheels). With NumPy 2 here, the stub
+  runs in an environment of its own: a venv of this Python with numpy<2 and pyzmq
+  (`python -m kn_runtime.serve.triton stub-env DIR`; found by `KN_TRITON_STUB_ENV` or at
+  `~/.cache/kyanite/triton-stub-3.X`). This process keeps its NumPy; the stub and this process
+  exchange tensors through shared memory, not through NumPy's ABI.
+
+`launch_repository` runs the same binary on a model repository (`repository.write_repository`),
+where Kyanite runs inside the stub itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from kn_graph.errors import ArgumentValueError, KnError, RequestError
+from kn_runtime.serve.batching import BatchedModel, TensorSpec
+
+__all__ = [
+    "STUB_ENV_VAR",
+    "TritonUnavailableError",
+    "bind",
+    "default_stub_env",
+    "launch_repository",
+    "make_stub_env",
+    "serve_forever",
+    "start",
+]
+
+log = logging.getLogger(__name__)
+
+PIP_ADVICE = "pip install 'kyanite[serve-triton]' (nvidia-pytriton, tritonclient[http,grpc])"
+STUB_ENV_VAR = "KN_TRITON_STUB_ENV"
+STUB_PACKAGES = ("numpy<2", "pyzmq")
+"""What PyTriton's proxy needs inside the stub (its `_PROXY_REQUIRED_MODULES`), NumPy 1."""
+
+
+class TritonUnavailableError(KnError):
+    """PyTriton (or tritonclient) is not installed, or its server cannot run this model here;
+    the message says what to install or set."""
+
+
+def _pytriton() -> ModuleType:
+    """`pytriton.triton`, imported on first use so that `kn_runtime.serve` imports without it."""
+    try:
+        import pytriton.triton as pt
+    except ImportError as exc:
+        raise TritonUnavailableError(f"PyTriton is not installed ({exc}): {PIP_ADVICE}") from None
+    return pt
+
+
+def _numpy2() -> bool:
+    return int(np.__version__.split(".")[0]) >= 2
+
+
+# -- the stub's environment ---------------------------------------------------------------------
+
+
+def default_stub_env() -> Path:
+    """Where `start` looks for the stub's environment when `KN_TRITON_STUB_ENV` is unset."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "kyanite" / f"triton-stub-{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def _libpython_dir() -> str | None:
+    """The folder of this interpreter's `libpython3.X.so.1.0` (None: a static build, whose stub
+    can only use the system's library of the same version)."""
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        return None
+    libdir = sysconfig.get_config_var("LIBDIR")
+    soname = sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY")
+    if libdir and soname and (Path(libdir) / soname).exists():
+        return str(libdir)
+    return None
+
+
+def _probe(python: Path) -> dict[str, Any]:
+    """Version, base prefix and package versions of another interpreter."""
+    code = (
+        "import json, sys\n"
+        "out = {'version': list(sys.version_info[:3]), 'base_prefix': sys.base_prefix}\n"
+        "for m in ('numpy', 'zmq'):\n"
+        "    try:\n"
+        "        out[m] = __import__(m).__version__\n"
+        "    except Exception as e:\n"
+        "        out[m] = None\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [str(python), "-I", "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    if done.returncode != 0:
+        raise TritonUnavailableError(f"the stub environment's {python} fails: {done.stderr[-400:]}")
+    return json.loads(done.stdout)
+
+
+def _stub_env(stub_env: str | os.PathLike[str] | None) -> Path | None:
+    """The environment the stub runs in: None (this one) when this NumPy works there, else a
+    checked venv of this Python with NumPy 1 (TritonUnavailableError saying how to make it)."""
+    given = stub_env if stub_env is not None else os.environ.get(STUB_ENV_VAR)
+    if given is None and not _numpy2():
+        return None
+    path = Path(given) if given else default_stub_env()
+    python = path / "bin" / "python3"
+    if not python.exists():
+        raise TritonUnavailableError(
+            f"PyTriton's Python-backend stub is built for NumPy 1: with NumPy {np.__version__} "
+            "in its environment every input reaches the model as zeros and every output comes "
+            f"back empty. Give the stub an environment of its own (no {python}): "
+            f"`{Path(sys.executable).name} -m kn_runtime.serve.triton stub-env {path}` (a venv "
+            f"of this Python with {' and '.join(STUB_PACKAGES)}), or set {STUB_ENV_VAR} to one, "
+            "or install numpy<2 here"
+        )
+    got = _probe(python)
+    problems = []
+    if got["version"] != list(sys.version_info[:3]) or not os.path.samefile(
+        got["base_prefix"], sys.base_prefix
+    ):
+        problems.append(
+            f"it is a venv of Python {'.'.join(map(str, got['version']))} at "
+            f"{got['base_prefix']}, not of this Python {sys.version.split()[0]} at "
+            f"{sys.base_prefix} (the stub runs this Python's libpython)"
+        )
+    if got["numpy"] is None or int(got["numpy"].split(".")[0]) >= 2:
+        problems.append(f"it needs numpy<2, found {got['numpy']}")
+    if got["zmq"] is None:
+        problems.append("it needs pyzmq")
+    if problems:
+        raise TritonUnavailableError(
+            f"the stub environment {path}: {'; '.join(problems)} "
+            f"(`python -m kn_runtime.serve.triton stub-env {path}` makes one)"
+        )
+    return path
+
+
+def make_stub_env(path: str | os.PathLike[str] | None = None) -> Path:
+    """Create the stub's environment: a venv of this Python with numpy<2 and pyzmq (pip, so
+    this needs the package index once). Returns its folder."""
+    target = Path(path) if path is not None else default_stub_env()
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(target)], check=True)
+    pip = [str(target / "bin" / "python3"), "-m", "pip", "install", "--quiet", *STUB_PACKAGES]
+    subprocess.run(pip, check=True)
+    _stub_env(target)
+    return target
+
+
+@contextlib.contextmanager
+def _server_environment(stub_env: Path | None) -> Iterator[None]:
+    """While PyTriton starts `tritonserver` (it copies os.environ then): this interpreter's
+    libpython first on LD_LIBRARY_PATH, the stub's environment as PyTriton's Python-backend
+    environment."""
+    import pytriton.server.triton_server as ts
+
+    old_ld = os.environ.get("LD_LIBRARY_PATH")
+    libdir = _libpython_dir()
+    old_env = ts.get_triton_python_backend_python_env
+    try:
+        if libdir is not None:
+            os.environ["LD_LIBRARY_PATH"] = libdir + (f":{old_ld}" if old_ld else "")
+        else:
+            log.info("a static Python: the Triton stub loads the system's libpython%s.%s",
+                     *sys.version_info[:2])  # fmt: skip
+        if stub_env is not None:
+            ts.get_triton_python_backend_python_env = lambda: stub_env
+        yield
+    finally:
+        ts.get_triton_python_backend_python_env = old_env
+        if old_ld is None:
+            os.environ.pop("LD_LIBRARY_PATH", None)
+        else:
+            os.environ["LD_LIBRARY_PATH"] = old_ld
+
+
+_START_LOCK = threading.Lock()
+_READY: weakref.WeakSet[Any] = weakref.WeakSet()  # servers `start` started (their stubs work)
+
+
+def start(
+    *,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int | None = None,
+    stub_env: str | os.PathLike[str] | None = None,
+    log_verbose: int = 0,
+    exit_timeout_s: int = 30,
+) -> Any:
+    """A running PyTriton `Triton` (the server started, ready for `bind`), with the environment
+    its stub needs (module docstring). `metrics_port`: Prometheus metrics there (None: off).
+    `exit_timeout_s`: how long `stop()` waits for open connections and requests. Stop it with
+    `triton.stop()`."""
+    pt = _pytriton()
+    env = _stub_env(stub_env)
+    config = pt.TritonConfig(
+        http_port=http_port,
+        grpc_port=grpc_port,
+        allow_metrics=metrics_port is not None,
+        metrics_port=metrics_port,
+        log_verbose=log_verbose,
+        exit_timeout_secs=exit_timeout_s,
+    )
+    triton = pt.Triton(config=config)
+    with _START_LOCK, _server_environment(env):
+        try:
+            triton.run()
+        except BaseException:
+            triton.stop()
+            raise
+    _READY.add(triton)
+    return triton
+
+
+# -- binding a model ----------------------------------------------------------------------------
+
+
+def _tensors(specs: Sequence[TensorSpec], batched: bool) -> list[Any]:
+    from pytriton.model_config import Tensor
+
+    out = []
+    for s in specs:
+        shape = s.shape[1:] if batched and s.batched else s.shape
+        out.append(
+            Tensor(name=s.name, dtype=s.dtype, shape=tuple(-1 if d is None else d for d in shape))
+        )
+    return out
+
+
+def bind(
+    triton: Any,
+    model: BatchedModel,
+    *,
+    name: str = "kyanite",
+    max_batch_size: int = 16,
+    max_queue_delay_us: int = 1000,
+    instances: int = 1,
+) -> None:
+    """Serve `model` as `name` on a PyTriton `Triton` (from `start`; bound to a running server
+    the model loads at once, and a stub that cannot start raises here). Triton checks each
+    request's dtypes and fixed sizes against the model's inputs before batching (a wrong one
+    is rejected alone); dynamic batching gathers up to `max_batch_size` rows, waiting at most
+    `max_queue_delay_us`, and the callable answers them with one `run_batch`. A model whose
+    requests cannot share an evaluation is bound without batching. `instances` callables share
+    the model (its evaluations take turns; more instances overlap Triton's and NumPy's work)."""
+    _pytriton()
+    from pytriton.model_config import DynamicBatcher, ModelConfig
+
+    if _numpy2() and triton not in _READY:
+        raise TritonUnavailableError(
+            f"with NumPy {np.__version__} a Triton server must be started by "
+            "kn_runtime.serve.triton.start(), which runs PyTriton's stub on NumPy 1 (a Triton "
+            "started otherwise hands every input over as zeros)"
+        )
+    for value, what in ((max_batch_size, "max_batch_size"), (instances, "instances")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentValueError(f"{what}: expected a positive int, found {value!r}")
+    batched = model.batchable
+    if batched:
+        config = ModelConfig(
+            batching=True,
+            max_batch_size=max_batch_size,
+            batcher=DynamicBatcher(max_queue_delay_microseconds=max_queue_delay_us),
+        )
+    else:
+        log.info("%s: bound without batching: %s", name, model.why_not)
+        config = ModelConfig(batching=False)
+    infer = _callable(model)
+    triton.bind(
+        model_name=name,
+        infer_func=[infer] * instances if instances > 1 else infer,
+        inputs=_tensors(model.inputs, batched),
+        outputs=_tensors(model.outputs, batched),
+        config=config,
+    )
+
+
+def _callable(model: BatchedModel) -> Any:
+    """PyTriton's inference callable: the requests of one dynamic batch (each with its own batch
+    axis) in, their outputs out, from one `run_batch`. PyTriton answers a callable that raises
+    with one error for every request of the call; the message names the failing requests."""
+
+    def infer(requests: Sequence[Any]) -> list[dict[str, np.ndarray]]:
+        results = model.run_batch([dict(r.data) for r in requests], return_exceptions=True)
+        failed = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+        if failed:  # the cause's traceback would only lengthen what every client reads
+            detail = "; ".join(
+                f"request {i + 1} of {len(results)}: {type(e).__name__}: {e}" for i, e in failed
+            )
+            raise RequestError(detail) from None
+        return results
+
+    return infer
+
+
+def serve_forever(
+    model_path: str | os.PathLike[str],
+    *,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int | None = None,
+    threads: int = 1,
+    max_batch_size: int = 16,
+    max_queue_delay_us: int = 1000,
+    instances: int = 1,
+    device: str = "cpu",
+    name: str = "kyanite",
+    stub_env: str | os.PathLike[str] | None = None,
+) -> None:
+    """`kn-serve model.onnx --engine triton`: load the model, start the server, bind, serve until
+    Ctrl-C or the server dies (then stop it)."""
+    from kn_runtime.serve.batching import load_model
+
+    model = load_model(model_path, device=device, threads=threads, max_batch_size=max_batch_size)
+    triton = start(
+        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, stub_env=stub_env
+    )
+    try:
+        bind(
+            triton,
+            model,
+            name=name,
+            max_batch_size=max_batch_size,
+            max_queue_delay_us=max_queue_delay_us,
+            instances=instances,
+        )
+        log.warning(
+            "serving %s as '%s': HTTP on port %d, gRPC on port %d (KServe v2; Ctrl-C stops)",
+            model_path, name, http_port, grpc_port,
+        )  # fmt: skip
+        triton.serve()
+    finally:
+        triton.stop()
+
+
+# -- a model repository on the bundled server ---------------------------------------------------
+
+
+def _bundled_server() -> tuple[Path, Path]:
+    """PyTriton's `tritonserver` folder and its shared libraries' folder."""
+    _pytriton()
+    from pytriton.utils.distribution import get_libs_path, get_root_module_path
+
+    return get_root_module_path() / "tritonserver", Path(get_libs_path())
+
+
+def launch_repository(
+    repository: str | os.PathLike[str],
+    *,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    log_verbose: int = 0,
+    exit_timeout_s: int = 30,
+    stdout: Any = None,
+) -> subprocess.Popen[bytes]:
+    """Run PyTriton's bundled `tritonserver` on a model repository (Python backend; the stub
+    runs in this environment, which needs kyanite) and return the process; stop it with
+    `send_signal(SIGINT)` and `wait()`. Whether it is ready: tritonclient's `is_server_ready`."""
+    dist, libs = _bundled_server()
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise TritonUnavailableError(f"PyTriton ships no Python-backend stub for Python {version}")
+    work = Path(tempfile.mkdtemp(prefix="kn-triton-"))
+    backend = work / "backends" / "python"
+    backend.mkdir(parents=True)
+    for f in (dist / "backends" / "python").iterdir():
+        if f.is_file():
+            (backend / f.name).symlink_to(f)
+    (backend / "triton_python_backend_stub").symlink_to(stub)
+    env = dict(os.environ)
+    ld = [p for p in (_libpython_dir(), str(libs), env.get("LD_LIBRARY_PATH")) if p]
+    env["LD_LIBRARY_PATH"] = ":".join(ld)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    argv = [
+        str(dist / "bin" / "tritonserver"),
+        f"--model-repository={Path(repository).resolve()}",
+        f"--backend-directory={work / 'backends'}",
+        f"--cache-directory={dist / 'caches'}",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        "--allow-metrics=false",
+        f"--log-verbose={log_verbose}",
+        f"--exit-timeout-secs={exit_timeout_s}",
+    ]
+    proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=subprocess.STDOUT)
+    weakref.finalize(proc, shutil.rmtree, work, True)
+    return proc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kn_runtime.serve.triton stub-env [DIR]`: make the stub's environment."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] != "stub-env" or len(args) > 2:
+        print("usage: python -m kn_runtime.serve.triton stub-env [DIR]", file=sys.stderr)
+        return 2
+    path = make_stub_env(args[1] if len(args) == 2 else None)
+    print(f"the Triton stub environment is {path} (found by {STUB_ENV_VAR}={path})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""`write_repository`: its config.pbtxt parses with Triton's own schema (tritonclient's
+`model_config_pb2`) and says what the graph says; the written repository loads in the
+`tritonserver` PyTriton bundles (Python backend, Kyanite inside the backend's stub) and answers
+HTTP and gRPC requests as `Device.cpu()` evaluates each alone, concurrent ones too; a request
+only Kyanite can reject fails alone, with Kyanite's message. One server for the module."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from kn_graph.errors import ArgumentValueError
+from kn_runtime.serve import load_model
+from kn_runtime.serve.repository import config_text, write_repository
+from kn_runtime.serve.triton import launch_repository
+from tests.kn_runtime.serve.triton_support import (
+    ATOL,
+    RTOL,
+    TINY,
+    add_model,
+    free_ports,
+    tiny_reference,
+    wait_ready,
+)
+from tests.paths import ROOT
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="PyTriton ships its Triton server for Linux only"
+)
+
+
+def _parse(text: str):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def _type(t) -> str:
+    from tritonclient.grpc import model_config_pb2
+
+    return model_config_pb2.DataType.Name(t.data_type)
+
+
+def test_config_parses_with_tritons_schema(tmp_path) -> None:
+    folder = write_repository(TINY, tmp_path, max_batch_size=8, instances=2, threads=2)
+    config = _parse((folder / "config.pbtxt").read_text())
+    assert (config.name, config.backend, config.max_batch_size) == ("kyanite", "python", 8)
+    [i], [o] = config.input, config.output
+    assert (i.name, _type(i), list(i.dims)) == ("input", "TYPE_FP32", [3, 64, 64])
+    assert (o.name, _type(o), list(o.dims)) == ("logits", "TYPE_FP32", [10])
+    assert config.dynamic_batching.max_queue_delay_microseconds == 1000
+    [group] = config.instance_group
+    assert (group.count, group.kind) == (2, group.KIND_CPU)
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params == {
+        "kyanite_model": "model.onnx",
+        "kyanite_device": "cpu",
+        "kyanite_threads": "2",
+    }
+    assert (folder / "1" / "model.onnx").read_bytes() == TINY.read_bytes()
+    assert (
+        "from kn_runtime.serve.repository import TritonPythonModel"
+        in (folder / "1" / "model.py").read_text()
+    )
+
+
+def test_a_model_without_batch_axis_gets_its_full_shapes(tmp_path) -> None:
+    """Axis 0 fixed (2): requests cannot be concatenated; max_batch_size 0, no dynamic batching,
+    the symbolic axis -1."""
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, [2, "width"])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [2, "width"])
+    graph = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "neg", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "neg.onnx")
+    config = _parse(config_text(load_model(tmp_path / "neg.onnx"), kind="KIND_GPU"))
+    assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    assert [list(t.dims) for t in (*config.input, *config.output)] == [[2, -1], [2, -1]]
+    assert [_type(t) for t in (*config.input, *config.output)] == ["TYPE_INT64"] * 2
+    assert config.instance_group[0].kind == config.instance_group[0].KIND_GPU
+
+
+def test_external_data_is_copied_beside_the_model(tmp_path) -> None:
+    model = onnx.load(str(TINY))
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(
+        model, src / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0
+    )
+    folder = write_repository(src / "m.onnx", tmp_path / "repo")
+    assert (folder / "1" / "m.data").read_bytes() == (src / "m.data").read_bytes()
+    x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    got = load_model(folder / "1" / "model.onnx").run({"input": x})["logits"]
+    np.testing.assert_allclose(got, tiny_reference()(x), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"name": "a/b"}, "name: expected letters"),
+        ({"max_batch_size": 0}, "max_batch_size: expected a positive int"),
+        ({"kind": "KIND_TPU"}, "kind: expected KIND_CPU or KIND_GPU"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(tmp_path, kwargs, words) -> None:
+    with pytest.raises(ArgumentValueError, match=words):
+        write_repository(TINY, tmp_path, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The bundled tritonserver on a repository of the tiny ResNet ('kyanite') and the add model
+    ('add'), the stub importing this checkout; always stopped. Yields (http_url, grpc_url)."""
+    repo = tmp_path_factory.mktemp("repo")
+    write_repository(TINY, repo, max_batch_size=8, max_queue_delay_us=20_000, python_path=ROOT)
+    add = add_model(tmp_path_factory.mktemp("add") / "add.onnx")
+    write_repository(add, repo, name="add", max_batch_size=8, max_queue_delay_us=20_000,
+                     python_path=ROOT)  # fmt: skip
+    http_port, grpc_port = free_ports(2)
+    proc = launch_repository(repo, http_port=http_port, grpc_port=grpc_port, exit_timeout_s=5)
+    try:
+        import tritonclient.http as th
+
+        with th.InferenceServerClient(f"localhost:{http_port}") as client:
+            for name in ("kyanite", "add"):
+                wait_ready(client, name, lambda: proc.poll() is None)
+        yield f"localhost:{http_port}", f"localhost:{grpc_port}"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _client(server, protocol: str):
+    if protocol == "http":
+        import tritonclient.http as tc
+
+        return tc, tc.InferenceServerClient(server[0])
+    import tritonclient.grpc as tc
+
+    return tc, tc.InferenceServerClient(server[1])
+
+
+def _inputs(tc, **arrays: np.ndarray) -> list:
+    out = []
+    for name, a in arrays.items():
+        i = tc.InferInput(name, list(a.shape), "FP32")
+        i.set_data_from_numpy(a)
+        out.append(i)
+    return out
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_repository_answers_equal_cpu_eval(server, protocol) -> None:
+    reference = tiny_reference()
+    tc, client = _client(server, protocol)
+    x = np.random.default_rng(3).standard_normal((3, 3, 64, 64)).astype(np.float32)
+    with client:
+        got = client.infer("kyanite", _inputs(tc, input=x)).as_numpy("logits")
+    np.testing.assert_allclose(got, reference(x), rtol=RTOL, atol=ATOL)
+
+
+def test_concurrent_requests_one_bad_fails_alone(server) -> None:
+    """16 requests at once to the add model, every fourth with b one column wider than a (Triton
+    passes it, dims -1): the dynamic batcher may put them in one `execute`; the bad ones get
+    Kyanite's message, the others their sums."""
+    from tritonclient.utils import InferenceServerException
+
+    rng = np.random.default_rng(5)
+    cases = []
+    for i in range(16):
+        a = rng.standard_normal((1 + i % 2, 3)).astype(np.float32)
+        b = rng.standard_normal((1 + i % 2, 4 if i % 4 == 3 else 3)).astype(np.float32)
+        cases.append((a, b))
+    got: list = [None] * len(cases)
+    start = threading.Barrier(len(cases))
+
+    def worker(i: int) -> None:
+        tc, client = _client(server, "http" if i % 2 else "grpc")
+        a, b = cases[i]
+        with client:
+            start.wait()
+            try:
+                got[i] = client.infer("add", _inputs(tc, a=a, b=b)).as_numpy("y")
+            except InferenceServerException as exc:
+                got[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, ((a, b), y) in enumerate(zip(cases, got, strict=True)):
+        if i % 4 == 3:
+            assert isinstance(y, InferenceServerException), y
+            assert "input 'b', axis 1" in str(y) and "found 4" in str(y), str(y)
+        else:
+            assert isinstance(y, np.ndarray), y
+            np.testing.assert_array_equal(y, a + b)
+    import tritonclient.http as th
+
+    with th.InferenceServerClient(server[0]) as client:
+        [stats] = client.get_inference_statistics("add")["model_stats"]
+    print(f"add: {stats['inference_count']} requests in {stats['execution_count']} executions")
+
+
+def test_repository_rejects_a_wrong_dtype_clearly(server) -> None:
+    import tritonclient.http as th
+    from tritonclient.utils import InferenceServerException
+
+    x = np.zeros((1, 3, 64, 64), np.float64)
+    i = th.InferInput("input", list(x.shape), "FP64")
+    i.set_data_from_numpy(x)
+    with (
+        th.InferenceServerClient(server[0]) as client,
+        pytest.raises(
+            InferenceServerException,
+            match="'input' data-type is 'FP64', but model 'kyanite' expects 'FP32'",
+        ),
+    ):
+        client.infer("kyanite", [i])

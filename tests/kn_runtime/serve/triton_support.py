@@ -1,0 +1,70 @@
+"""What the Triton tests share: free ports, a tiny two-input model whose sizes Triton cannot
+check (both inputs `[batch, width]`, width symbolic), the reference answers."""
+
+from __future__ import annotations
+
+import functools
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from kn_graph.onnx import load_onnx
+from kn_runtime import Device
+from tests.paths import ROOT
+
+TINY = ROOT / "kn_runtime" / "models" / "resnet_tiny.onnx"
+RTOL, ATOL = 1e-4, 1e-5
+"""A dynamic batch may take another blocking of the same convolution than one request alone:
+float32 sums in another order, a few ulps apart (as in test_batching)."""
+
+
+def free_ports(n: int) -> list[int]:
+    """n ports nobody listens on now (bound to port 0 together, then released)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def add_model(path: Path) -> Path:
+    """`y = a + b` over `[batch, width]` float32: Triton sees `dims: [-1]` for both inputs, so requests
+    whose widths differ reach Kyanite, which rejects them."""
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", "width"])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", "width"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "width"])
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "add", [a, b], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+@functools.cache
+def tiny_reference() -> Callable[[np.ndarray], np.ndarray]:
+    """The tiny ResNet's logits for one request, evaluated alone on Device.cpu()."""
+    prepared = Device.cpu().prepare(load_onnx(str(TINY)))
+    return lambda x: prepared.eval([x])[0]
+
+
+def wait_ready(client, model: str, alive: Callable[[], bool], timeout_s: float = 120) -> None:
+    """Until the server says `model` is ready; AssertionError when the server died or never
+    got there (the server's log is the test's captured output)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert alive(), "the Triton server exited while loading the model"
+        try:
+            if client.is_model_ready(model):
+                return
+        except Exception:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"model '{model}' not ready after {timeout_s} s")
