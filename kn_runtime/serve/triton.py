@@ -274,7 +274,11 @@ def bind(
     is rejected alone); dynamic batching gathers up to `max_batch_size` rows, waiting at most
     `max_queue_delay_us`, and the callable answers them with one `run_batch`. A model whose
     requests cannot share an evaluation is bound without batching. `instances` callables share
-    the model (its evaluations take turns; more instances overlap Triton's and NumPy's work)."""
+    the model (its evaluations take turns; more instances overlap Triton's and NumPy's work).
+    With more than one, PyTriton 0.7 now and then fails to load the model on a busy machine
+    (`ConnectionRefusedError` in `get_config_from_handshake_server`: the later instances'
+    stubs connect once to a socket the first one has bound but may not yet listen on); binding
+    again under another name is the way out, as PyTriton keeps the failed name."""
     _pytriton()
     from pytriton.model_config import DynamicBatcher, ModelConfig
 

@@ -125,13 +125,17 @@ def server(tmp_path_factory):
     write_repository(add, repo, name="add", max_batch_size=8, max_queue_delay_us=20_000,
                      python_path=ROOT)  # fmt: skip
     http_port, grpc_port = free_ports(2)
-    proc = launch_repository(repo, http_port=http_port, grpc_port=grpc_port, exit_timeout_s=5)
+    log = repo / "server.log"
+    with log.open("wb") as out:
+        proc = launch_repository(
+            repo, http_port=http_port, grpc_port=grpc_port, exit_timeout_s=5, stdout=out
+        )
     try:
         import tritonclient.http as th
 
         with th.InferenceServerClient(f"localhost:{http_port}") as client:
             for name in ("kyanite", "add"):
-                wait_ready(client, name, lambda: proc.poll() is None)
+                wait_ready(client, name, lambda: proc.poll() is None, log=log)
         yield f"localhost:{http_port}", f"localhost:{grpc_port}"
     finally:
         proc.send_signal(signal.SIGINT)
