@@ -176,7 +176,8 @@ def write_repository(
     backend (None: all cores; `instances` times `threads` should not exceed them). `kind="KIND_GPU"`
     runs each instance on its GPU (`Device.cuda(device_id)`). `python_path`: a folder model.py
     puts first on `sys.path`, for a server whose Python lacks kyanite."""
-    from kn_runtime.serve.batching import load_model
+    from kn_graph.onnx import load_onnx
+    from kn_runtime.device import Device
 
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ArgumentValueError(
@@ -185,7 +186,8 @@ def write_repository(
     src = Path(model_path)
     if not src.is_file():
         raise ArgumentValueError(f"model_path: '{src}' is not a file")
-    model = load_model(src, device="cpu", threads=1)
+    # the NumPy reference prepares nothing ahead: the specs without packing any weight
+    model = BatchedModel(Device.cpu(reference=True).prepare(load_onnx(str(src))))
     params = {P_MODEL: MODEL_FILE if copy_model else str(src.resolve())}
     params[P_DEVICE] = "cuda" if kind == "KIND_GPU" else "cpu"
     if threads is not None:
@@ -224,12 +226,15 @@ def _copy_model(src: Path, version: Path) -> None:
     tensors = list(proto.graph.initializer)
     for node in proto.graph.node:
         tensors.extend(a.t for a in node.attribute if a.HasField("t"))
-    for t in tensors:
-        for entry in t.external_data:
-            if entry.key == "location":
-                dst = version / entry.value
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src.parent / entry.value, dst)
+    files = {e.value for t in tensors for e in t.external_data if e.key == "location"}
+    for location in sorted(files):  # one file usually holds every tensor: copied once
+        dst = (version / location).resolve()
+        if not dst.is_relative_to(version.resolve()):
+            raise ArgumentValueError(
+                f"model_path: external data '{location}' lies outside the model's folder"
+            )
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src.parent / location, dst)
 
 
 # -- the model Triton's Python backend runs -----------------------------------------------------

@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -206,6 +207,22 @@ def _server_environment(stub_env: Path | None) -> Iterator[None]:
             os.environ["LD_LIBRARY_PATH"] = old_ld
 
 
+def _check_ports(ports: dict[str, int | None]) -> None:
+    """Each port free (as Triton binds it: all addresses, reuse allowed): PyTriton otherwise
+    waits its whole startup timeout (120 s) for a server that exited at once."""
+    for what, port in ports.items():
+        if port is None:
+            continue
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ArgumentValueError(f"{what}: expected a port number, found {port!r}")
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError as exc:
+                raise TritonUnavailableError(f"{what} {port} is taken ({exc.strerror})") from None
+
+
 _START_LOCK = threading.Lock()
 _READY: weakref.WeakSet[Any] = weakref.WeakSet()  # servers `start` started (their stubs work)
 
@@ -225,6 +242,7 @@ def start(
     `triton.stop()`."""
     pt = _pytriton()
     env = _stub_env(stub_env)
+    _check_ports({"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port})
     config = pt.TritonConfig(
         http_port=http_port,
         grpc_port=grpc_port,

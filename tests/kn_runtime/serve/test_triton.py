@@ -189,6 +189,17 @@ def test_a_missing_stub_environment_says_how_to_make_one(monkeypatch, tmp_path) 
     assert "numpy<2" in str(e.value)
 
 
+def test_a_taken_port_fails_at_once() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(kt.TritonUnavailableError, match=f"http_port {port} is taken"):
+            kt.start(http_port=port, grpc_port=free_ports(1)[0])
+
+
 def test_engines_are_imported_only_when_used(monkeypatch) -> None:
     code = (
         "import sys, kn_runtime.serve, kn_runtime.serve.triton, kn_runtime.serve.repository\n"
