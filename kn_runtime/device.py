@@ -124,11 +124,13 @@ class Device:
 
     def optimizer_settings(self) -> OptimizerSettings:
         """What `prepare` optimizes with here: the defaults, plus QDQ fusion on the fast CPU
-        backend when oneDNN runs its integer convolutions (`KN_INT8_CONV=1` for now, see
+        backend when oneDNN runs its integer convolutions (unless `KN_INT8_CONV=0`, see
         `onednn.int8.conv_enabled`; with 7-bit weights only where its int8 kernels are exact
-        for no more: x86 without VNNI; docs/quantization.md). Without them a fused convolution
-        would take the exact but slow float64 step, and the QDQ graph's float convolutions are
-        faster."""
+        for no more: x86 without VNNI; docs/quantization.md). Fused, a QDQ convolution computes
+        what onnxruntime's integer kernels do, exactly, on every CPU; its float form rounds each
+        requantization of a float32 sum whose order depends on the ISA, and one value that lands
+        the other side of a .5 moves whole layers after it (the per-channel MobileNetV2 fixture:
+        1 unit on AVX2, 11 on AVX-512)."""
         from kn_graph.optimizer import OptimizerSettings
 
         if not self.fast:

@@ -16,4 +16,8 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test,sd,nvrtc]"  # nvrtc: CI compiles every generated kernel
-exec .venv/bin/python -m pytest -q "$@"
+# One pytest-xdist worker per core, at most 4: most tests are one Python thread, so two workers
+# fill CI's 2 cores (the CPU tests took 135 s on one worker, 68 s on two); each worker holds its
+# own models and caches, hence the cap. KN_TEST_WORKERS=0 runs everything in-process.
+WORKERS=${KN_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
+exec .venv/bin/python -m pytest -q -n "$WORKERS" "$@"

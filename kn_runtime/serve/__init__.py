@@ -3,6 +3,7 @@ evaluation; thread-safe), the HTTP bodies every front end shares (`codec`), a Ra
 deployment (`ray_serve`), PyTriton and a Triton model repository (`triton`, `repository`), and
 `kn-serve`. The engines are extras (`serve-ray`, `serve-triton`), imported only when used."""
 
-from kn_runtime.serve.batching import BatchedModel, TensorSpec, load_model
+from kn_runtime.serve.batching import BatchedModel, TensorSpec
+from kn_runtime.serve.loading import load_model
 
 __all__ = ["BatchedModel", "TensorSpec", "load_model"]

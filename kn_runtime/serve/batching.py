@@ -24,10 +24,9 @@ Thread-safe: `PreparedGraph` lets evaluations take turns; this class keeps no st
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -36,9 +35,8 @@ from kn_graph.size import Size
 
 if TYPE_CHECKING:
     from kn_graph.graph import Graph
-    from kn_runtime.prepared import PreparedGraph
 
-__all__ = ["MASK_NAMES", "BatchedModel", "TensorSpec", "load_model"]
+__all__ = ["MASK_NAMES", "BatchedModel", "Prepared", "TensorSpec"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +45,18 @@ MASK_NAMES = ("attention_mask", "input_mask")
 a model with one of them, shaped `[B, S]`, may get ragged requests padded to one length."""
 
 Request = Mapping[str, Any]
+
+
+class Prepared(Protocol):
+    """What `BatchedModel` needs of a `kn_runtime.PreparedGraph` (named here, not imported: the
+    prepared graph's own `run_batch` builds a BatchedModel)."""
+
+    batch_size: int | None
+
+    @property
+    def graph(self) -> Graph: ...
+
+    def eval(self, inputs: Mapping[str, np.ndarray]) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,7 @@ class BatchedModel:
 
     def __init__(
         self,
-        prepared: PreparedGraph,
+        prepared: Prepared,
         *,
         max_batch_size: int | None = None,
         evaluate: Callable[[dict[str, np.ndarray]], list[np.ndarray]] | None = None,
@@ -100,8 +110,9 @@ class BatchedModel:
         self._pad: str | None = None  # the sequence symbol ragged requests are padded along
         self._seq_axes: dict[str, tuple[int, ...]] = {}  # output name -> axes that are `S`
         self._padded_inputs: frozenset[str] = frozenset()  # inputs with `S` as axis 1
-        if prepared._specializing is not None:  # shapes decided by input values
-            self.inputs, self.outputs = _onnx_specs(prepared._specializing.model.model)
+        specializing = getattr(prepared, "_specializing", None)
+        if specializing is not None:  # shapes decided by input values: no one graph
+            self.inputs, self.outputs = _onnx_specs(specializing.model.model)
             self.why_not = "the model's shapes depend on its input values (one graph per value)"
             return
         graph = prepared.graph
@@ -301,63 +312,6 @@ class BatchedModel:
     def _eval(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outs = self.prepared.eval(arrays) if self._evaluate is None else self._evaluate(arrays)
         return dict(zip(self.output_names, outs, strict=True))
-
-
-def load_model(
-    path: str | os.PathLike[str],
-    *,
-    device: str = "cpu",
-    threads: int | None = None,
-    max_batch_size: int | None = None,
-    runtime: str = "kyanite",
-) -> BatchedModel:
-    """An ONNX file prepared for serving: `device` "cpu" (the CPU backend with `threads`
-    intra-op threads), "cuda" / "cuda:N", or "best" (a GPU when one works). `runtime=
-    "onnxruntime"` puts an onnxruntime session (CPU, `threads` intra-op threads) behind the same
-    checks and batching: the peer, measured through the same server code."""
-    from kn_graph.onnx import load_onnx
-    from kn_runtime.device import Device
-
-    if runtime == "onnxruntime":
-        graph = load_onnx(os.fspath(path))
-        return BatchedModel(
-            Device.cpu(reference=True).prepare(graph),  # specs only: it never evaluates
-            max_batch_size=max_batch_size,
-            evaluate=_onnxruntime(path, threads),
-        )
-    if runtime != "kyanite":
-        raise ArgumentValueError(f"runtime: expected kyanite or onnxruntime, found {runtime!r}")
-    if device == "cpu":
-        dev = Device.cpu(threads)
-    elif device == "best":
-        dev = Device.best()
-        if dev.kind == "cpu" and threads is not None:
-            dev = Device.cpu(threads)
-    elif device == "cuda" or device.startswith("cuda:"):
-        index = device.partition(":")[2]
-        if index and not index.isdigit():
-            raise ArgumentValueError(f"device: expected cuda or cuda:N, found {device!r}")
-        dev = Device.cuda(int(index or 0))
-    else:
-        raise ArgumentValueError(f"device: expected cpu, cuda, cuda:N or best, found {device!r}")
-    return BatchedModel(dev.prepare(load_onnx(os.fspath(path))), max_batch_size=max_batch_size)
-
-
-def _onnxruntime(
-    path: str | os.PathLike[str], threads: int | None
-) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads or 0
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    session = ort.InferenceSession(os.fspath(path), opts, providers=["CPUExecutionProvider"])
-
-    def evaluate(arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return list(session.run(None, arrays))
-
-    return evaluate
 
 
 def _batch_symbol(graph: Graph) -> str | Size | None:

@@ -22,8 +22,10 @@ built only when:
 - the shifted weights fit s8 (an s8 weight minus a nonzero zero point may not);
 - the source's zero point is one value (per tensor; a per-row one has no oneDNN form).
 
-A convolution's s8 source enters as u8 (+128, and +128 on its zero point) in the reorder into
-the primitive's layout it needs anyway: oneDNN 3.2's s8-source convolutions without VNNI halve
+A convolution's s8 source enters as u8 (+128, and +128 on its zero point), shifted in the
+arena's plain layout and then reordered into the primitive's (one reorder with a destination
+zero point straight into a blocked layout is wrong on 2 threads when the channels do not fill a
+block: `conv_enabled`): oneDNN 3.2's s8-source convolutions without VNNI halve
 the weights to stay clear of saturation and double the sum back, which loses odd weights'
 lowest bit (measured: every output even, and wrong); its u8 ones are exact under the rule
 above. The matmul (`gemm:jit`) takes s8 sources exactly as they are.
@@ -311,14 +313,23 @@ def _with_zero(
 
 # -- convolution ------------------------------------------------------------------------------
 def conv_enabled() -> bool:
-    """Whether integer convolutions run on oneDNN: only with `KN_INT8_CONV=1` for now. Found at
-    the end of the session that built them: with 2 threads, the first evaluation of a new
-    binding (the int8 QOperator ResNet-18 fixture at batch 3, after another executor ran in the
-    process) now and then gives a wrong result (logits 0.217 off, the same value each time), and
-    later evaluations are right; the matmul runner, and every path with this one off, stayed
-    exact in the same runs. Until that is found, integer convolutions take the exact emulator
-    step. `benchmarks/int8_steps.py` and the tests that exercise the runner turn it on."""
-    return os.environ.get("KN_INT8_CONV", "") == "1"
+    """Whether integer convolutions run on oneDNN: yes unless `KN_INT8_CONV=0`. They were opt-in
+    for one session: with 2 threads a convolution's output was now and then (AVX2), or always
+    (AVX-512 VNNI, 8 channels at 32x32), wrong. The cause was oneDNN 3.2's multi-threaded reorder
+    of an s8 NC(D)HW source into a blocked u8 layout with a destination zero point (the +128
+    shift) when the channels do not fill the block (8 of 16): `_conv` now shifts in the plain
+    layout and reorders into the blocked one without a zero point
+    (tests/kn_cuda_eval/cpu/test_int8_steps.py, case "partial block")."""
+    return os.environ.get("KN_INT8_CONV", "") != "0"
+
+
+def _dense(shape: Sequence[int]) -> list[int]:
+    """Row-major element strides of `shape`."""
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= d
+    return out[::-1]
 
 
 def _auto_layout(s: st.IntConv) -> str:
@@ -432,8 +443,13 @@ def _conv(
     src_mem, dst_mem = x_mem, out_mem
     if not equal(src_md, x_md):
         src_mem = o.scratch(src_md, ws)
-        into, extra = _shift_reorder(o, x_md, src_md, shift)
-        calls.append((into, exec_args([(ARG_FROM, x_mem), (ARG_TO, src_mem), *extra])))
+        if shift:  # +128 in the arena's own layout first, then a plain reorder (docstring)
+            dense = o.md(s.x.shape, DT_U8, md_strides(s.x.shape, _dense(s.x.shape)))
+            shifted = o.scratch(dense, ws)
+            into, extra = _shift_reorder(o, x_md, dense, shift)
+            calls.append((into, exec_args([(ARG_FROM, x_mem), (ARG_TO, shifted), *extra])))
+            x_mem, x_md = shifted, dense
+        calls.append((o.reorder(x_md, src_md), exec_args([(ARG_FROM, x_mem), (ARG_TO, src_mem)])))
     if not equal(dst_md, out_md):
         dst_mem = o.scratch(dst_md, ws)
     args = [(ARG_SRC, src_mem), (ARG_WEIGHTS, w_mem), (ARG_DST, dst_mem), (ARG_SCRATCHPAD, spad)]

@@ -12,14 +12,17 @@ from kn_graph.graph import Graph
 from kn_graph.onnx.context import NodeContext, Result, onnx_op
 from kn_graph.onnx.handlers.conv import conv
 from kn_graph.onnx.handlers.nn import gemm
-from kn_graph.ops import BinaryOp, UnaryOp, Value
+from kn_graph.onnx.handlers.rnn_cells import activate
+from kn_graph.ops import Value
+from kn_graph.recurrence import Activation
 
 __all__ = ["fused_conv", "fused_gemm", "fused_matmul"]
 
 
 def _activate(ctx: NodeContext, g: Graph, x: Value, name: str, params: Sequence[float]) -> Value:
     """The activations onnxruntime's MLAS fuses (MlasActivation), with their parameters in
-    order: LeakyRelu (alpha), Clip (min, max), HardSigmoid (alpha, beta)."""
+    order: LeakyRelu (alpha), Clip (min, max), HardSigmoid (alpha, beta); the formulas are the
+    recurrent ops' (`rnn_cells.activate`), Clip aside."""
 
     def param(i: int, default: float) -> float:
         return float(params[i]) if i < len(params) else default
@@ -27,18 +30,14 @@ def _activate(ctx: NodeContext, g: Graph, x: Value, name: str, params: Sequence[
     match name:
         case "":
             return x
-        case "Relu":
-            return g.relu(x)
-        case "Tanh":
-            return g.unary(UnaryOp.TANH, x)
-        case "Sigmoid":
-            return g.unary(UnaryOp.SIGMOID, x)
-        case "LeakyRelu":
-            return g.select(g.binary(BinaryOp.GT, x, 0.0), x, g.mul(x, param(0, 0.01)))
         case "Clip":
             return g.clamp(x, param(0, float("-inf")), param(1, float("inf")))
+        case "Relu" | "Tanh" | "Sigmoid":
+            return activate(g, Activation(name), x)
+        case "LeakyRelu":
+            return activate(g, Activation(name, param(0, 0.01)), x)
         case "HardSigmoid":
-            return g.clamp(g.add(g.mul(x, param(0, 0.2)), param(1, 0.5)), 0.0, 1.0)
+            return activate(g, Activation(name, param(0, 0.2), param(1, 0.5)), x)
         case _:
             ctx.unsupported(f"activation '{name}'")
 

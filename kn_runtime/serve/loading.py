@@ -1,0 +1,72 @@
+"""`load_model`: an ONNX file prepared for serving, behind `BatchedModel`'s checks and batching;
+Kyanite on a device, or onnxruntime (the peer the serving benchmark measures through the same
+server code)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from kn_graph.errors import ArgumentValueError
+from kn_runtime.serve.batching import BatchedModel
+
+__all__ = ["load_model"]
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    threads: int | None = None,
+    max_batch_size: int | None = None,
+    runtime: str = "kyanite",
+) -> BatchedModel:
+    """An ONNX file prepared for serving: `device` "cpu" (the CPU backend with `threads`
+    intra-op threads), "cuda" / "cuda:N", or "best" (a GPU when one works). `runtime=
+    "onnxruntime"` puts an onnxruntime session (CPU, `threads` intra-op threads) behind the same
+    checks and batching: the peer, measured through the same server code."""
+    from kn_graph.onnx import load_onnx
+    from kn_runtime.device import Device
+
+    if runtime == "onnxruntime":
+        graph = load_onnx(os.fspath(path))
+        return BatchedModel(
+            Device.cpu(reference=True).prepare(graph),  # specs only: it never evaluates
+            max_batch_size=max_batch_size,
+            evaluate=_onnxruntime(path, threads),
+        )
+    if runtime != "kyanite":
+        raise ArgumentValueError(f"runtime: expected kyanite or onnxruntime, found {runtime!r}")
+    if device == "cpu":
+        dev = Device.cpu(threads)
+    elif device == "best":
+        dev = Device.best()
+        if dev.kind == "cpu" and threads is not None:
+            dev = Device.cpu(threads)
+    elif device == "cuda" or device.startswith("cuda:"):
+        index = device.partition(":")[2]
+        if index and not index.isdigit():
+            raise ArgumentValueError(f"device: expected cuda or cuda:N, found {device!r}")
+        dev = Device.cuda(int(index or 0))
+    else:
+        raise ArgumentValueError(f"device: expected cpu, cuda, cuda:N or best, found {device!r}")
+    return BatchedModel(dev.prepare(load_onnx(os.fspath(path))), max_batch_size=max_batch_size)
+
+
+def _onnxruntime(
+    path: str | os.PathLike[str], threads: int | None
+) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or 0
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    session = ort.InferenceSession(os.fspath(path), opts, providers=["CPUExecutionProvider"])
+
+    def evaluate(arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return list(session.run(None, arrays))
+
+    return evaluate
