@@ -249,7 +249,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         import triton_python_backend_utils as pb_utils
 
-        from kn_runtime.serve.batching import load_model
+        from kn_runtime.serve.loading import load_model
 
         self._pb = pb_utils
         config = json.loads(args["model_config"])
@@ -292,7 +292,10 @@ class TritonPythonModel:
         return responses
 
     def finalize(self) -> None:
-        self.model.prepared.close()
+        """The executors' memory goes with the instance (Triton unloads it)."""
+        close = getattr(self.model.prepared, "close", None)
+        if close is not None:
+            close()
 
 
 def _to_numpy(tensor: Any) -> np.ndarray:

@@ -363,7 +363,7 @@ def serve_forever(
 ) -> None:
     """`kn-serve model.onnx --engine triton`: load the model, start the server, bind, serve until
     Ctrl-C or the server dies (then stop it)."""
-    from kn_runtime.serve.batching import load_model
+    from kn_runtime.serve.loading import load_model
 
     model = load_model(model_path, device=device, threads=threads, max_batch_size=max_batch_size)
     triton = start(
