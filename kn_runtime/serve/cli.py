@@ -4,6 +4,7 @@ repository for a Triton server of your own.
     kn-serve model.onnx --engine ray --replicas 2 --port 8000      # Ray Serve (extra serve-ray)
     kn-serve model.onnx --engine triton --port 8000 --grpc-port 8001   # PyTriton (serve-triton)
     kn-serve export-triton model.onnx repo/ --max-batch-size 16    # a model repository
+    kn-serve triton-stub-env [DIR]        # NumPy 2 here: the environment PyTriton's stub needs
 
 Requests: JSON, `.npy` or `.npz` bodies (`kn_runtime.serve.codec`) on Ray; the KServe v2
 protocol (tritonclient, HTTP and gRPC) on Triton. Bad arguments end with one line on stderr
@@ -21,6 +22,7 @@ from kn_graph.errors import KnError
 __all__ = ["build_parser", "main"]
 
 EXPORT = "export-triton"
+STUB_ENV = "triton-stub-env"
 
 
 def build_parser() -> OneLineParser:
@@ -60,6 +62,14 @@ def _positive(value: int, flag: str) -> None:
 
 
 def run(argv: list[str]) -> None:
+    if argv and argv[0] == STUB_ENV:
+        if len(argv) > 2:
+            raise CliError(f"usage: kn-serve {STUB_ENV} [DIR]")
+        from kn_runtime.serve.triton import STUB_ENV_VAR, make_stub_env
+
+        path = make_stub_env(argv[1] if len(argv) == 2 else None)
+        print(f"the Triton stub environment is {path} (found there, or by {STUB_ENV_VAR}={path})")
+        return
     if argv and argv[0] == EXPORT:
         args = build_export_parser().parse_args(argv[1:])
         _positive(args.max_batch_size, "--max-batch-size")

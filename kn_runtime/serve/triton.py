@@ -20,8 +20,8 @@ environment's `bin` first). `start` gives it what it needs:
   zeros and every output comes back empty ("cannot reshape array of size 0"; fixed in the
   python_backend by pybind11 2.12, PR #384, not in these wheels). With NumPy 2 here, the stub
   runs in an environment of its own: a venv of this Python with numpy<2 and pyzmq
-  (`python -m kn_runtime.serve.triton stub-env DIR`; found by `KN_TRITON_STUB_ENV` or at
-  `~/.cache/kyanite/triton-stub-3.X`). This process keeps its NumPy; the stub and this process
+  (`kn-serve triton-stub-env DIR`, or `python -m kn_runtime.serve.triton stub-env DIR`; found
+  by `KN_TRITON_STUB_ENV` or at `~/.cache/kyanite/triton-stub-3.X`). This process keeps its NumPy; the stub and this process
   exchange tensors through shared memory, not through NumPy's ABI.
 
 `launch_repository` runs the same binary on a model repository (`repository.write_repository`),
@@ -143,7 +143,7 @@ def _stub_env(stub_env: str | os.PathLike[str] | None) -> Path | None:
             f"PyTriton's Python-backend stub is built for NumPy 1: with NumPy {np.__version__} "
             "in its environment every input reaches the model as zeros and every output comes "
             f"back empty. Give the stub an environment of its own (no {python}): "
-            f"`{Path(sys.executable).name} -m kn_runtime.serve.triton stub-env {path}` (a venv "
+            f"`kn-serve triton-stub-env {path}` (a venv "
             f"of this Python with {' and '.join(STUB_PACKAGES)}), or set {STUB_ENV_VAR} to one, "
             "or install numpy<2 here"
         )
@@ -164,7 +164,7 @@ def _stub_env(stub_env: str | os.PathLike[str] | None) -> Path | None:
     if problems:
         raise TritonUnavailableError(
             f"the stub environment {path}: {'; '.join(problems)} "
-            f"(`python -m kn_runtime.serve.triton stub-env {path}` makes one)"
+            f"(`kn-serve triton-stub-env {path}` makes one)"
         )
     return path
 

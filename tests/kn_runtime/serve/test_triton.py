@@ -185,7 +185,7 @@ def test_a_missing_stub_environment_says_how_to_make_one(monkeypatch, tmp_path) 
     monkeypatch.delenv(kt.STUB_ENV_VAR, raising=False)
     with pytest.raises(kt.TritonUnavailableError) as e:
         kt._stub_env(tmp_path / "none")
-    assert "-m kn_runtime.serve.triton stub-env" in str(e.value)
+    assert "kn-serve triton-stub-env" in str(e.value)
     assert "numpy<2" in str(e.value)
 
 
