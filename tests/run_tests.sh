@@ -15,7 +15,12 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test,sd,nvrtc]"  # nvrtc: CI compiles every generated kernel
+# nvrtc: CI compiles every generated kernel; serve-*: the serving tests start the real engines
+.venv/bin/python -m pip install -q -e ".[test,sd,nvrtc,serve-ray,serve-triton]"
+# PyTriton's Python-backend stub reads NumPy 2 arrays as zeros: under NumPy 2 it runs in a venv
+# of its own with NumPy 1 (kn_runtime/serve/triton.py), made once
+.venv/bin/python -c 'import sys; from kn_runtime.serve.triton import _stub_env as s; s(None)' \
+    2>/dev/null || .venv/bin/kn-serve triton-stub-env >/dev/null
 # One pytest-xdist worker per core, at most 4: most tests are one Python thread, so two workers
 # fill CI's 2 cores (the CPU tests took 135 s on one worker, 68 s on two); each worker holds its
 # own models and caches, hence the cap. KN_TEST_WORKERS=0 runs everything in-process.
