@@ -25,9 +25,12 @@ from tests.kn_runtime.serve.triton_support import (
 )
 from tests.paths import ROOT
 
-pytestmark = pytest.mark.skipif(
-    sys.platform != "linux", reason="PyTriton ships its Triton server for Linux only"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        sys.platform != "linux", reason="PyTriton ships its Triton server for Linux only"
+    ),
+    pytest.mark.xdist_group("triton"),  # one worker: one server per module, not one per worker
+]
 
 MAX_BATCH = 8
 
