@@ -1,0 +1,328 @@
+"""The Ray Serve front end of `kn_runtime.serve` (`kn-serve --engine ray`): `deployment(...)`
+builds a Serve application whose replicas each hold one `BatchedModel` and batch concurrent
+HTTP requests with `@serve.batch`; `serve_forever(...)` runs it until Ctrl-C. Bodies are read
+and written by `codec`, as every HTTP front end does. Ray is imported only when these are
+called, so `import kn_runtime.serve` works without it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kn_graph.errors import ArgumentValueError, KnError
+from kn_runtime.serve import codec
+
+if TYPE_CHECKING:
+    from ray.serve import Application
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from kn_runtime.serve.batching import BatchedModel, TensorSpec
+
+__all__ = ["KyaniteDeployment", "RayServeUnavailableError", "deployment", "serve_forever"]
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'kyanite[serve-ray]'"
+
+Outputs = dict[str, np.ndarray]
+
+
+class RayServeUnavailableError(KnError, ImportError):
+    """Ray Serve (the `serve-ray` extra) is not installed; `except ImportError` catches it too."""
+
+
+def _serve() -> ModuleType:
+    """`ray.serve`, or an error that says how to install it (the engine is an optional extra)."""
+    try:
+        from ray import serve
+    except ImportError as e:
+        raise RayServeUnavailableError(
+            f"the Ray Serve engine needs ray[serve] >= 2.40, which cannot be imported ({e}); "
+            f"install it with: {INSTALL_HINT}"
+        ) from e
+    return serve
+
+
+def _spec_json(spec: TensorSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "dtype": np.dtype(spec.dtype).name,
+        "shape": list(spec.shape),  # None (JSON null) where the size is symbolic
+        "batched": spec.batched,
+    }
+
+
+class KyaniteDeployment:
+    """One Serve replica: a `BatchedModel` behind an HTTP handler. Requests are decoded on the
+    replica's event loop, queued by `@serve.batch` and evaluated together by
+    `BatchedModel.run_batch` in a worker thread, so the loop keeps accepting (and batching)
+    requests while a batch runs. Every failure is an HTTP answer (`codec.encode_error`: 400,
+    413, 415 or 500), never a dropped connection.
+
+    A plain class at module level (wrapped by `deployment()`), so that Ray pickles it by
+    reference and replicas import it from the installed package."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        threads: int | None = 1,
+        max_batch_size: int = 16,
+        batch_wait_timeout_s: float = 0.005,
+        device: str = "cpu",
+        max_body_bytes: int = codec.MAX_BODY_BYTES,
+    ) -> None:
+        from kn_runtime.serve.batching import load_model
+
+        serve = _serve()
+        self.model: BatchedModel = load_model(
+            model_path, device=device, threads=threads, max_batch_size=max_batch_size
+        )
+        self.max_body_bytes = max_body_bytes
+        self.batch_wait_timeout_s = batch_wait_timeout_s
+        limit = self.model.max_batch_size
+        # a model that cannot batch still queues here; run_batch then evaluates one by one
+        self.max_batch_size = max_batch_size if limit is None else min(max_batch_size, limit)
+        # applied per instance: the batch queue belongs to this replica's model and settings
+        self._batched = serve.batch(
+            max_batch_size=self.max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s
+        )(self._run_batch)
+        self._metadata = self._describe(model_path)
+        self._served = {"requests": 0, "batches": 0, "largest_batch": 0}
+        log.info(
+            "kyanite replica ready: %s, batches of up to %d (%s)",
+            model_path,
+            self.max_batch_size,
+            "batched" if self.model.batchable else f"one by one: {self.model.why_not}",
+        )
+
+    def _describe(self, model_path: str) -> dict[str, Any]:
+        """What GET /metadata answers (with the counts in `served`: requests, evaluations and
+        the largest batch so far): the model's specs, the batching settings, and where this
+        replica runs (its Ray node and process), which is how a client sees the replicas."""
+        import ray
+        from ray import serve
+
+        ctx = serve.get_replica_context()
+        return {
+            "model": os.path.basename(model_path),
+            "inputs": [_spec_json(s) for s in self.model.inputs],
+            "outputs": [_spec_json(s) for s in self.model.outputs],
+            "batchable": self.model.batchable,
+            "why_not": self.model.why_not,
+            "max_batch_size": self.max_batch_size,
+            "batch_wait_timeout_s": self.batch_wait_timeout_s,
+            "max_body_bytes": self.max_body_bytes,
+            "replica": {
+                "app": ctx.app_name,
+                "deployment": ctx.deployment,
+                "replica_id": ctx.replica_id.unique_id,
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "pid": os.getpid(),
+            },
+        }
+
+    async def _run_batch(self, requests: list[Mapping[str, np.ndarray]]) -> list[Any]:
+        """The `@serve.batch` body (wrapped in `__init__`): one evaluation for the queued
+        requests, off the event loop. Returns each request's outputs or its own exception."""
+        served = self._served
+        served["requests"] += len(requests)
+        served["batches"] += 1
+        served["largest_batch"] = max(served["largest_batch"], len(requests))
+        return await asyncio.to_thread(self._evaluate, requests)
+
+    def _evaluate(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[Any]:
+        """`run_batch`, and where it fails, each request on its own: a malformed request must
+        fail alone, not every request that happened to share its batch."""
+        try:
+            return list(self.model.run_batch(requests))
+        except Exception as exc:
+            if len(requests) == 1:
+                return [exc]
+        results: list[Any] = []
+        for request in requests:
+            try:
+                results.append(self.model.run(request))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    async def infer(self, inputs: Mapping[str, np.ndarray]) -> Outputs:
+        """One request's outputs through the batch queue (also callable through a deployment
+        handle, without HTTP)."""
+        result = await self._batched(inputs)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def __call__(self, request: Request) -> Response:
+        from starlette.responses import Response
+
+        try:
+            if request.method in ("GET", "HEAD"):
+                path = request.url.path.rstrip("/")
+                if path == "" or path.endswith(("/metadata", "/healthz")):
+                    body = json.dumps(self._metadata | {"served": self._served}).encode()
+                    return Response(body, media_type="application/json")
+                return _error_response(404, f"no GET endpoint {request.url.path}; try /metadata")
+            if request.method != "POST":
+                return _error_response(405, f"{request.method} is not served; POST a request")
+            length = request.headers.get("content-length")
+            if length is not None:
+                _check_length(length, self.max_body_bytes)
+            content_type = request.headers.get("content-type")
+            body = await request.body()
+            inputs = codec.decode_request(body, content_type, self.model, self.max_body_bytes)
+            outputs = await self.infer(inputs)
+            payload, media_type = codec.encode_response(
+                outputs, request.headers.get("accept"), content_type
+            )
+            return Response(payload, media_type=media_type)
+        except Exception as exc:
+            status, payload = codec.encode_error(exc)
+            if status >= 500:
+                log.exception("request failed (%d)", status)
+            return Response(payload, status_code=status, media_type="application/json")
+
+
+def _check_length(length: str, limit: int) -> None:
+    """Refuse a body by its Content-Length before reading it."""
+    from kn_graph.errors import RequestError
+
+    try:
+        size = int(length)
+    except ValueError:
+        raise RequestError(f"Content-Length must be an integer, found {length!r}") from None
+    if size > limit:
+        error = RequestError(f"request body of {size} bytes exceeds the limit of {limit} bytes")
+        error.status = 413
+        raise error
+
+
+def _error_response(status: int, message: str) -> Response:
+    from starlette.responses import Response
+
+    body = json.dumps({"error": "HTTPError", "message": message}).encode()
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def deployment(
+    model_path: str | os.PathLike[str],
+    *,
+    name: str = "kyanite",
+    num_replicas: int = 1,
+    ray_actor_options: Mapping[str, Any] | None = None,
+    threads: int | None = 1,
+    max_batch_size: int = 16,
+    batch_wait_timeout_s: float = 0.005,
+    device: str = "cpu",
+    max_body_bytes: int = codec.MAX_BODY_BYTES,
+    deployment_options: Mapping[str, Any] | None = None,
+) -> Application:
+    """A bound Serve application serving the model: pass it to `serve.run(app, ...)`.
+
+    Each replica loads the model itself from `model_path`, which must be readable at the same
+    path on every node that can hold a replica. Replicas reserve `threads` CPUs (and one GPU
+    when `device` is a CUDA device) unless `ray_actor_options` says otherwise; custom
+    resources there place replicas (`{"resources": {"kn_slot": 1}}` with one `kn_slot` per
+    node puts one replica on each node). A replica accepts up to `2 * max_batch_size`
+    requests at a time, so that a full batch can gather while the previous one runs (Serve's
+    default of 5 would cap every batch at 5). `deployment_options`: further `serve.deployment`
+    options, which win over these (`autoscaling_config`, `max_replicas_per_node`,
+    `health_check_period_s`, `max_ongoing_requests`, ...)."""
+    serve = _serve()
+    if num_replicas < 1:
+        raise ArgumentValueError(f"num_replicas must be at least 1, found {num_replicas}")
+    if max_batch_size < 1:
+        raise ArgumentValueError(f"max_batch_size must be at least 1, found {max_batch_size}")
+    if batch_wait_timeout_s < 0:
+        raise ArgumentValueError(
+            f"batch_wait_timeout_s must be at least 0, found {batch_wait_timeout_s}"
+        )
+    path = Path(model_path).resolve()
+    if not path.is_file():
+        raise ArgumentValueError(f"model file {str(model_path)!r} does not exist")
+    options: dict[str, Any] = {"num_cpus": threads or 1}
+    if device.startswith("cuda"):
+        options["num_gpus"] = 1
+    options.update(ray_actor_options or {})
+    settings: dict[str, Any] = {
+        "name": name,
+        "num_replicas": num_replicas,
+        "ray_actor_options": options,
+        "max_ongoing_requests": 2 * max_batch_size,
+    }
+    settings.update(deployment_options or {})
+    if "autoscaling_config" in settings and "num_replicas" not in (deployment_options or {}):
+        del settings["num_replicas"]  # Serve takes one or the other
+    bound = serve.deployment(KyaniteDeployment, **settings)
+    return bound.bind(
+        str(path),
+        threads=threads,
+        max_batch_size=max_batch_size,
+        batch_wait_timeout_s=batch_wait_timeout_s,
+        device=device,
+        max_body_bytes=max_body_bytes,
+    )
+
+
+def serve_forever(
+    model_path: str | os.PathLike[str],
+    *,
+    port: int = 8000,
+    replicas: int = 1,
+    threads: int | None = 1,
+    max_batch_size: int = 16,
+    batch_wait_timeout_s: float = 0.005,
+    address: str | None = None,
+    host: str = "127.0.0.1",
+    name: str = "kyanite",
+) -> None:
+    """Serve the model over HTTP on `host:port` until Ctrl-C or SIGTERM, then shut Serve down
+    (`kn-serve --engine ray`). `address`: a running Ray cluster to join ("auto", or the head's
+    host:port); None starts a local one for this process. POST a request to any path, GET
+    /metadata for the model's inputs and outputs."""
+    app = deployment(
+        model_path,
+        name=name,
+        num_replicas=replicas,
+        threads=threads,
+        max_batch_size=max_batch_size,
+        batch_wait_timeout_s=batch_wait_timeout_s,
+    )
+    import ray
+
+    serve = _serve()
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    ray.init(address=address, log_to_driver=True)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(app, name=name, route_prefix="/")
+        log.info(
+            "serving %s on http://%s:%d/ (GET /metadata; Ctrl-C stops)", model_path, host, port
+        )
+        try:
+            while not stop.wait(1.0):
+                pass
+        except KeyboardInterrupt:
+            pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        serve.shutdown()
+        ray.shutdown()

@@ -1,0 +1,401 @@
+"""The Ray Serve front end on a real two-node Ray cluster: two `ray start` processes on this
+machine (each its own raylet, one CPU and one `kn_slot`), a deployment with one replica per
+node, real HTTP requests, results against `Device.cpu()` evaluating the same model.
+
+One cluster serves the whole module (about 15 s to start); the fixture always tears it down."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kn_graph.onnx import load_onnx
+from kn_runtime import Device
+from kn_runtime.serve.ray_serve import deployment
+
+ray = pytest.importorskip("ray", reason="ray[serve] is not installed (the serve-ray extra)")
+serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (serve-ray extra)")
+
+
+ROOT = Path(__file__).resolve().parents[3]
+MODEL = ROOT / "kn_runtime" / "models" / "resnet_tiny.onnx"
+START_TIMEOUT_S = 120.0
+"""Bound on each wait for the cluster or Serve (a failure, not a hang, when exceeded)."""
+HTTP_TIMEOUT_S = 60.0
+MAX_BODY = 1 << 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(what: str, ready: Callable[[], bool], timeout_s: float = START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not ready after {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+@dataclass
+class Cluster:
+    address: str
+    url: str  # the HTTP proxy (on the head node)
+    node_ids: set[str]
+
+
+def _ray_start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """One node: `ray start --block` in its own session, so the test can end it (and every
+    process it started) by signal; replicas there import this checkout (PYTHONPATH)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"  # SIGTERM ends the node at once
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus", "1"]
+    cmd += ["--resources", json.dumps({"kn_slot": 1}), "--object-store-memory", str(80 << 20)]
+    cmd += ["--dashboard-agent-listen-port", str(_free_port()), "--disable-usage-stats"]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            cmd + args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+
+def _started(proc: subprocess.Popen[bytes], log: Path) -> bool:
+    if proc.poll() is not None:
+        raise RuntimeError(f"`ray start` exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+    return "Ray runtime started" in log.read_text(errors="replace")
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each node (its `ray start --block` kills the processes it started), then SIGKILL
+    whatever is left of its process group."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _replica_pids() -> list[int]:
+    """Every Serve actor's process (controller, proxy, replicas)."""
+    pids = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+        pids.append(ray.get(handle.__ray_call__.remote(lambda _: os.getpid()), timeout=30))
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie waiting for its (dead) parent's reaper is gone too
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    # a short private temp dir: Unix socket paths must stay under 108 bytes
+    tmp = Path(f"/tmp/kn-ray-{os.getpid()}")
+    logs = tmp_path_factory.mktemp("ray")
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    procs: list[subprocess.Popen[bytes]] = []
+    pids: list[int] = []
+    try:
+        head_args = ["--head", "--port", str(port), "--temp-dir", str(tmp)]
+        head_args += ["--include-dashboard", "false", "--dashboard-port", str(_free_port())]
+        head_args += ["--ray-client-server-port", str(_free_port())]
+        procs.append(_ray_start(head_args, logs / "head.log"))
+        _wait("head node", lambda: _started(procs[0], logs / "head.log"))
+        procs.append(_ray_start(["--address", address], logs / "worker.log"))
+        _wait("second node", lambda: _started(procs[1], logs / "worker.log"))
+        ray.init(address=address, log_to_driver=False)
+        _wait("two nodes", lambda: sum(n["Alive"] for n in ray.nodes()) == 2)
+        node_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        http_port = _free_port()
+        # one proxy: two proxies on one machine would share one port
+        serve.start(
+            http_options={"host": "127.0.0.1", "port": http_port}, proxy_location="HeadOnly"
+        )
+        app = deployment(
+            MODEL,
+            num_replicas=2,
+            ray_actor_options={"num_cpus": 0, "resources": {"kn_slot": 1}},
+            max_batch_size=8,
+            max_body_bytes=MAX_BODY,
+        )
+        serve.run(app, name="kn", route_prefix="/kn")
+        # batches of exactly two, waiting an hour for the second: whatever comes back was
+        # batched, and a lone request stays in flight until its replica is killed
+        waiting = deployment(
+            MODEL,
+            name="kyanite-waiting",
+            ray_actor_options={"num_cpus": 0},
+            max_batch_size=2,
+            batch_wait_timeout_s=3600.0,
+            deployment_options={"health_check_period_s": 1.0},
+        )
+        serve.run(waiting, name="pairs", route_prefix="/pairs")
+        yield Cluster(address, f"http://127.0.0.1:{http_port}", node_ids)
+    finally:
+        if ray.is_initialized():
+            try:
+                pids = _replica_pids()
+                serve.shutdown()
+            finally:
+                ray.shutdown()
+        _stop(procs)
+        for pid in pids:  # the worker processes follow their raylets
+            try:
+                _wait(f"process {pid} to exit", lambda pid=pid: _gone(pid), 30)
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
+@pytest.fixture(scope="module")
+def reference() -> Callable[[np.ndarray], np.ndarray]:
+    prepared = Device.cpu().prepare(load_onnx(MODEL))
+    return lambda x: prepared.eval([x])[0]
+
+
+def _images(seed: int, batch: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, 3, 64, 64)).astype(np.float32)
+
+
+def _post(
+    url: str, body: bytes, content_type: str, accept: str | None = None
+) -> tuple[int, str, bytes]:
+    headers = {"Content-Type": content_type} | ({"Accept": accept} if accept else {})
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+def _post_json(url: str, x: np.ndarray) -> tuple[int, Any]:
+    status, _, body = _post(
+        url, json.dumps({"inputs": {"input": x.tolist()}}).encode(), "application/json"
+    )
+    return status, json.loads(body)
+
+
+def _npy(x: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, x)
+    return buf.getvalue()
+
+
+def _logits(doc: dict[str, Any]) -> np.ndarray:
+    out = doc["outputs"]["logits"]
+    return np.asarray(out["data"], dtype=out["dtype"]).reshape(out["shape"])
+
+
+def _replicas(app: str) -> dict[str, Any]:
+    """The replica actors of an application by name (SERVE_REPLICA::app#deployment#id)."""
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return {
+        a["name"]: ray.get_actor(a["name"], namespace=a["namespace"])
+        for a in named
+        if a["name"].startswith(f"SERVE_REPLICA::{app}#")
+    }
+
+
+def test_one_replica_on_each_node(cluster: Cluster) -> None:
+    replicas = _replicas("kn")
+    nodes = [
+        ray.get(r.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id()))
+        for r in replicas.values()
+    ]
+    assert len(replicas) == 2
+    assert set(nodes) == cluster.node_ids  # each replica on its own node, both nodes used
+    with urllib.request.urlopen(f"{cluster.url}/kn/metadata", timeout=HTTP_TIMEOUT_S) as r:
+        meta = json.load(r)
+    assert meta["replica"]["node_id"] in cluster.node_ids
+    assert meta["inputs"] == [
+        {"name": "input", "dtype": "float32", "shape": [None, 3, 64, 64], "batched": True}
+    ]
+    assert meta["outputs"] == [
+        {"name": "logits", "dtype": "float32", "shape": [None, 10], "batched": True}
+    ]
+    assert meta["max_batch_size"] == 8
+
+
+def test_json_and_npy_requests_match_cpu_eval(cluster: Cluster, reference: Callable) -> None:
+    x = _images(0, 3)
+    status, doc = _post_json(f"{cluster.url}/kn/", x)
+    assert status == 200, doc
+    np.testing.assert_allclose(_logits(doc), reference(x), rtol=1e-5, atol=1e-5)
+
+    x = _images(1, 2)
+    status, ctype, body = _post(f"{cluster.url}/kn/", _npy(x), "application/x-npy")
+    assert (status, ctype) == (200, "application/x-npy"), body[:500]
+    y = np.load(io.BytesIO(body), allow_pickle=False)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_concurrent_requests_get_their_own_results(cluster: Cluster, reference: Callable) -> None:
+    inputs = [_images(10 + i, 1 + i % 3) for i in range(8)]
+    results: list[Any] = [None] * len(inputs)
+
+    def send(i: int) -> None:
+        results[i] = _post_json(f"{cluster.url}/kn/", inputs[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for x, (status, doc) in zip(inputs, results, strict=True):
+        assert status == 200, doc
+        np.testing.assert_allclose(_logits(doc), reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_two_requests_are_evaluated_as_one_batch(cluster: Cluster, reference: Callable) -> None:
+    """The `pairs` app waits an hour for a second request: an answer to both proves they were
+    evaluated together, and each one's rows came back to it."""
+    inputs = [_images(20, 1), _images(21, 2)]
+    results: list[Any] = [None, None]
+
+    def send(i: int) -> None:
+        results[i] = _post_json(f"{cluster.url}/pairs/", inputs[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for x, (status, doc) in zip(inputs, results, strict=True):
+        assert status == 200, doc
+        np.testing.assert_allclose(_logits(doc), reference(x), rtol=1e-5, atol=1e-5)
+    with urllib.request.urlopen(f"{cluster.url}/pairs/metadata", timeout=HTTP_TIMEOUT_S) as r:
+        served = json.load(r)["served"]
+    assert served["largest_batch"] == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "needle"),
+    [
+        (b'{"inputs": {"input": [[1, 2', "application/json", 400, ""),
+        (b"[1, 2, 3]", "application/json", 400, ""),
+        (
+            json.dumps({"inputs": {"input": np.zeros((1, 3, 32, 32)).tolist()}}).encode(),
+            "application/json",
+            400,
+            "input",
+        ),
+        (
+            json.dumps({"inputs": {"image": np.zeros((1, 3, 64, 64)).tolist()}}).encode(),
+            "application/json",
+            400,
+            "input",
+        ),
+        (_npy(np.zeros((1, 3, 64, 64), np.complex64)), "application/x-npy", 400, "input"),
+        (_npy(np.zeros((3, 64, 64), np.float32)), "application/x-npy", 400, "input"),
+        (b"not numpy", "application/x-npy", 400, ""),
+        (b"\0" * (MAX_BODY + 1), "application/x-npy", 413, ""),
+        (b"<xml/>", "application/xml", 415, ""),
+    ],
+    ids=[
+        "truncated-json",
+        "json-array",
+        "wrong-shape",
+        "unknown-name",
+        "wrong-dtype",
+        "wrong-rank",
+        "bad-npy",
+        "too-large",
+        "xml",
+    ],
+)
+def test_bad_requests_get_their_status(
+    cluster: Cluster, body: bytes, content_type: str, status: int, needle: str
+) -> None:
+    got, ctype, answer = _post(f"{cluster.url}/kn/", body, content_type)
+    assert (got, ctype) == (status, "application/json"), answer[:500]
+    error = json.loads(answer)
+    assert set(error) >= {"error", "message"}
+    assert needle in error["message"]
+
+
+def test_a_bad_request_does_not_fail_its_batch(cluster: Cluster, reference: Callable) -> None:
+    """A wrong request batched with a good one: each gets its own answer."""
+    good = _images(30, 1)
+    bad = np.zeros((1, 3, 32, 32), np.float32)
+    results: list[Any] = [None, None]
+
+    def send(i: int) -> None:
+        x = good if i == 0 else bad
+        status, _, body = _post(f"{cluster.url}/pairs/", _npy(x), "application/x-npy")
+        results[i] = (status, body)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (ok, y), (status, error) = results
+    assert ok == 200, y[:500]
+    np.testing.assert_allclose(np.load(io.BytesIO(y)), reference(good), rtol=1e-5, atol=1e-5)
+    assert status == 400 and "input" in json.loads(error)["message"]
+
+
+def test_killed_replica_fails_its_request_then_is_replaced(
+    cluster: Cluster, reference: Callable
+) -> None:
+    ((name, replica),) = _replicas("pairs").items()
+    result: list[Any] = []
+    body = _npy(_images(40, 1))
+    sender = threading.Thread(
+        target=lambda: result.append(_post(f"{cluster.url}/pairs/", body, "application/x-npy"))
+    )
+    sender.start()
+    # the lone request waits in the replica's batch queue until the replica dies
+    _wait("request in flight", lambda: ray.get(replica.get_num_ongoing_requests.remote()) >= 1)
+    ray.kill(replica)
+    sender.join()
+    ((status, _, answer),) = result
+    # an HTTP error from Serve's proxy (its plain-text 500), not a hang: the client's timeout
+    # is 60 s and without the kill the request would wait an hour for a partner
+    assert status == 500, answer[:500]
+
+    def replaced() -> bool:
+        names = _replicas("pairs")
+        return (
+            bool(names)
+            and name not in names
+            and serve.status().applications["pairs"].status == "RUNNING"
+        )
+
+    _wait("a new replica", replaced)
+    test_two_requests_are_evaluated_as_one_batch(cluster, reference)
