@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from kn_runtime.serve.batching import BatchedModel, TensorSpec
+    from kn_runtime.serve.batching import BatchedModel
 
 __all__ = ["KyaniteDeployment", "RayServeUnavailableError", "deployment", "serve_forever"]
 
@@ -52,15 +52,6 @@ def _serve() -> ModuleType:
             f"install it with: {INSTALL_HINT}"
         ) from e
     return serve
-
-
-def _spec_json(spec: TensorSpec) -> dict[str, Any]:
-    return {
-        "name": spec.name,
-        "dtype": np.dtype(spec.dtype).name,
-        "shape": list(spec.shape),  # None (JSON null) where the size is symbolic
-        "batched": spec.batched,
-    }
 
 
 class KyaniteDeployment:
@@ -91,9 +82,8 @@ class KyaniteDeployment:
         )
         self.max_body_bytes = max_body_bytes
         self.batch_wait_timeout_s = batch_wait_timeout_s
-        limit = self.model.max_batch_size
-        # a model that cannot batch still queues here; run_batch then evaluates one by one
-        self.max_batch_size = max_batch_size if limit is None else min(max_batch_size, limit)
+        # requests per batch; the model's own cap (the same number) bounds rows per evaluation
+        self.max_batch_size = max_batch_size
         # applied per instance: the batch queue belongs to this replica's model and settings
         self._batched = serve.batch(
             max_batch_size=self.max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s
@@ -108,19 +98,16 @@ class KyaniteDeployment:
         )
 
     def _describe(self, model_path: str) -> dict[str, Any]:
-        """What GET /metadata answers (with the counts in `served`: requests, evaluations and
-        the largest batch so far): the model's specs, the batching settings, and where this
-        replica runs (its Ray node and process), which is how a client sees the replicas."""
+        """What GET /metadata answers (with the counts in `served`: requests, batches and the
+        largest batch so far): the model's inputs, outputs and batching (`describe()`, -1 for
+        a symbolic size), this replica's settings, and where it runs (its Ray node and
+        process), which is how a client tells the replicas apart."""
         import ray
         from ray import serve
 
         ctx = serve.get_replica_context()
-        return {
+        return self.model.describe() | {
             "model": os.path.basename(model_path),
-            "inputs": [_spec_json(s) for s in self.model.inputs],
-            "outputs": [_spec_json(s) for s in self.model.outputs],
-            "batchable": self.model.batchable,
-            "why_not": self.model.why_not,
             "max_batch_size": self.max_batch_size,
             "batch_wait_timeout_s": self.batch_wait_timeout_s,
             "max_body_bytes": self.max_body_bytes,
@@ -143,20 +130,9 @@ class KyaniteDeployment:
         return await asyncio.to_thread(self._evaluate, requests)
 
     def _evaluate(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[Any]:
-        """`run_batch`, and where it fails, each request on its own: a malformed request must
-        fail alone, not every request that happened to share its batch."""
-        try:
-            return list(self.model.run_batch(requests))
-        except Exception as exc:
-            if len(requests) == 1:
-                return [exc]
-        results: list[Any] = []
-        for request in requests:
-            try:
-                results.append(self.model.run(request))
-            except Exception as exc:
-                results.append(exc)
-        return results
+        """`run_batch` with each failure in its request's place: a request that fails (its
+        check, or its group's evaluation) fails alone, not every request batched with it."""
+        return self.model.run_batch(requests, return_exceptions=True)
 
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> Outputs:
         """One request's outputs through the batch queue (also callable through a deployment
@@ -184,7 +160,8 @@ class KyaniteDeployment:
             content_type = request.headers.get("content-type")
             body = await request.body()
             inputs = codec.decode_request(body, content_type, self.model, self.max_body_bytes)
-            outputs = await self.infer(inputs)
+            # checked here, on its own: a bad request is answered before it joins a batch
+            outputs = await self.infer(self.model.check(inputs))
             payload, media_type = codec.encode_response(
                 outputs, request.headers.get("accept"), content_type
             )
@@ -205,9 +182,7 @@ def _check_length(length: str, limit: int) -> None:
     except ValueError:
         raise RequestError(f"Content-Length must be an integer, found {length!r}") from None
     if size > limit:
-        error = RequestError(f"request body of {size} bytes exceeds the limit of {limit} bytes")
-        error.status = 413
-        raise error
+        raise RequestError(f"request body of {size} bytes is over the limit of {limit} bytes", 413)
 
 
 def _error_response(status: int, message: str) -> Response:
@@ -286,12 +261,14 @@ def serve_forever(
     max_batch_size: int = 16,
     batch_wait_timeout_s: float = 0.005,
     address: str | None = None,
+    device: str = "cpu",
     host: str = "127.0.0.1",
     name: str = "kyanite",
 ) -> None:
-    """Serve the model over HTTP on `host:port` until Ctrl-C or SIGTERM, then shut Serve down
-    (`kn-serve --engine ray`). `address`: a running Ray cluster to join ("auto", or the head's
-    host:port); None starts a local one for this process. POST a request to any path, GET
+    """Serve the model over HTTP on `host:port` until SIGTERM (returns) or Ctrl-C
+    (KeyboardInterrupt), shutting Serve down either way (`kn-serve --engine ray`). `address`: a running Ray cluster to join (the head's host:port, or
+    "auto"); None joins the cluster `ray start` started on this machine if there is one (Ray's
+    rule; `RAY_ADDRESS` wins), else starts a local one for this process. POST a request to any path, GET
     /metadata for the model's inputs and outputs."""
     app = deployment(
         model_path,
@@ -300,6 +277,7 @@ def serve_forever(
         threads=threads,
         max_batch_size=max_batch_size,
         batch_wait_timeout_s=batch_wait_timeout_s,
+        device=device,
     )
     import ray
 
@@ -317,10 +295,7 @@ def serve_forever(
         log.info(
             "serving %s on http://%s:%d/ (GET /metadata; Ctrl-C stops)", model_path, host, port
         )
-        try:
-            while not stop.wait(1.0):
-                pass
-        except KeyboardInterrupt:
+        while not stop.wait(1.0):  # Ctrl-C: KeyboardInterrupt, after the cleanup below
             pass
     finally:
         signal.signal(signal.SIGTERM, previous)

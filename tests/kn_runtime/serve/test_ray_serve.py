@@ -10,10 +10,12 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -34,12 +36,17 @@ ray = pytest.importorskip("ray", reason="ray[serve] is not installed (the serve-
 serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (serve-ray extra)")
 
 
+# one worker holds the cluster: under `pytest -n N --dist loadgroup` this module's tests stay
+# together (plain `--dist load` would start a cluster on every worker that gets one of them)
+pytestmark = pytest.mark.xdist_group("ray_cluster")
+
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = ROOT / "kn_runtime" / "models" / "resnet_tiny.onnx"
 START_TIMEOUT_S = 120.0
 """Bound on each wait for the cluster or Serve (a failure, not a hang, when exceeded)."""
 HTTP_TIMEOUT_S = 60.0
 MAX_BODY = 1 << 20
+NPY = "application/x-npy"
 
 
 def _free_port() -> int:
@@ -63,10 +70,10 @@ class Cluster:
     node_ids: set[str]
 
 
-def _ray_start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _ray_start(args: list[str], log: Path, auth: dict[str, str]) -> subprocess.Popen[bytes]:
     """One node: `ray start --block` in its own session, so the test can end it (and every
     process it started) by signal; replicas there import this checkout (PYTHONPATH)."""
-    env = dict(os.environ)
+    env = dict(os.environ) | auth
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"  # SIGTERM ends the node at once
@@ -128,13 +135,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     address = f"127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     pids: list[int] = []
+    # without token authentication, whatever ~/.ray/auth_token holds: a node or a driver that
+    # finds that file turns token mode on, which this process (its Ray config read once, at
+    # import) could not follow. The CLI test runs Ray's default, tokens.
+    auth = {"RAY_AUTH_MODE": "disabled"}
+    saved = {k: os.environ.get(k) for k in auth}
+    os.environ.update(auth)
     try:
         head_args = ["--head", "--port", str(port), "--temp-dir", str(tmp)]
         head_args += ["--include-dashboard", "false", "--dashboard-port", str(_free_port())]
         head_args += ["--ray-client-server-port", str(_free_port())]
-        procs.append(_ray_start(head_args, logs / "head.log"))
+        procs.append(_ray_start(head_args, logs / "head.log", auth))
         _wait("head node", lambda: _started(procs[0], logs / "head.log"))
-        procs.append(_ray_start(["--address", address], logs / "worker.log"))
+        procs.append(_ray_start(["--address", address], logs / "worker.log", auth))
         _wait("second node", lambda: _started(procs[1], logs / "worker.log"))
         ray.init(address=address, log_to_driver=False)
         _wait("two nodes", lambda: sum(n["Alive"] for n in ray.nodes()) == 2)
@@ -151,7 +164,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             max_batch_size=8,
             max_body_bytes=MAX_BODY,
         )
-        serve.run(app, name="kn", route_prefix="/kn")
         # batches of exactly two, waiting an hour for the second: whatever comes back was
         # batched, and a lone request stays in flight until its replica is killed
         waiting = deployment(
@@ -162,7 +174,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             batch_wait_timeout_s=3600.0,
             deployment_options={"health_check_period_s": 1.0},
         )
-        serve.run(waiting, name="pairs", route_prefix="/pairs")
+        serve.run_many(  # both at once: their replicas start side by side
+            [
+                serve.RunTarget(app, name="kn", route_prefix="/kn"),
+                serve.RunTarget(waiting, name="pairs", route_prefix="/pairs"),
+            ]
+        )
         yield Cluster(address, f"http://127.0.0.1:{http_port}", node_ids)
     finally:
         if ray.is_initialized():
@@ -177,7 +194,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 _wait(f"process {pid} to exit", lambda pid=pid: _gone(pid), 30)
             except TimeoutError:
                 os.kill(pid, signal.SIGKILL)
-        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +252,82 @@ def _replicas(app: str) -> dict[str, Any]:
     }
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every process under `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def test_kn_serve_cli_serves_until_ctrl_c(
+    tmp_path: Path, reference: Callable[[np.ndarray], np.ndarray]
+) -> None:
+    """`kn-serve model.onnx --engine ray` with no cluster to join: it starts Ray for itself,
+    serves on the port, and on Ctrl-C shuts Serve and Ray down and exits with 130."""
+    port = _free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # its own Ray (not the module's cluster, not /tmp/ray), in a short path: Unix socket paths
+    # must stay under 108 bytes
+    ray_tmp = Path(tempfile.mkdtemp(prefix="kn-", dir="/tmp"))
+    env["RAY_TMPDIR"] = str(ray_tmp)
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    for k in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        env.pop(k, None)
+    # a new local Ray makes a token in ~/.ray/auth_token: a home of its own keeps the user's
+    # untouched (the compiled kernels stay where they are)
+    from kn_cuda_eval.codegen.cache import cache_dir
+
+    env["KN_KERNEL_CACHE"] = str(cache_dir())
+    env["HOME"] = str(tmp_path)
+    cmd = [sys.executable, "-m", "kn_runtime.serve.cli", str(MODEL), "--engine", "ray"]
+    cmd += ["--port", str(port), "--max-batch-size", "4"]
+    log = tmp_path / "kn-serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    started: set[int] = set()
+    try:
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"kn-serve exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metadata", timeout=5) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        _wait("kn-serve", up)
+        started = _descendants(proc.pid)
+        x = _images(50, 2)
+        status, doc = _post_json(f"http://127.0.0.1:{port}/", x)
+        assert status == 200, doc
+        np.testing.assert_allclose(_logits(doc), reference(x), rtol=1e-5, atol=1e-5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=START_TIMEOUT_S) == 130, log.read_text()[-3000:]
+        assert "kn-serve: stopped" in log.read_text()
+        _wait("Ray's processes to exit", lambda: all(_gone(p) for p in started), 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in started:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 def test_one_replica_on_each_node(cluster: Cluster) -> None:
     replicas = _replicas("kn")
     nodes = [
@@ -242,10 +340,10 @@ def test_one_replica_on_each_node(cluster: Cluster) -> None:
         meta = json.load(r)
     assert meta["replica"]["node_id"] in cluster.node_ids
     assert meta["inputs"] == [
-        {"name": "input", "dtype": "float32", "shape": [None, 3, 64, 64], "batched": True}
+        {"name": "input", "dtype": "float32", "shape": [-1, 3, 64, 64], "batched": True}
     ]
     assert meta["outputs"] == [
-        {"name": "logits", "dtype": "float32", "shape": [None, 10], "batched": True}
+        {"name": "logits", "dtype": "float32", "shape": [-1, 10], "batched": True}
     ]
     assert meta["max_batch_size"] == 8
 
@@ -257,8 +355,8 @@ def test_json_and_npy_requests_match_cpu_eval(cluster: Cluster, reference: Calla
     np.testing.assert_allclose(_logits(doc), reference(x), rtol=1e-5, atol=1e-5)
 
     x = _images(1, 2)
-    status, ctype, body = _post(f"{cluster.url}/kn/", _npy(x), "application/x-npy")
-    assert (status, ctype) == (200, "application/x-npy"), body[:500]
+    status, ctype, body = _post(f"{cluster.url}/kn/", _npy(x), NPY)
+    assert (status, ctype) == (200, NPY), body[:500]
     y = np.load(io.BytesIO(body), allow_pickle=False)
     assert y.dtype == np.float32
     np.testing.assert_allclose(y, reference(x), rtol=1e-5, atol=1e-5)
@@ -320,10 +418,10 @@ def test_two_requests_are_evaluated_as_one_batch(cluster: Cluster, reference: Ca
             400,
             "input",
         ),
-        (_npy(np.zeros((1, 3, 64, 64), np.complex64)), "application/x-npy", 400, "input"),
-        (_npy(np.zeros((3, 64, 64), np.float32)), "application/x-npy", 400, "input"),
-        (b"not numpy", "application/x-npy", 400, ""),
-        (b"\0" * (MAX_BODY + 1), "application/x-npy", 413, ""),
+        (_npy(np.zeros((1, 3, 64, 64), np.complex64)), NPY, 400, "input"),
+        (_npy(np.zeros((3, 64, 64), np.float32)), NPY, 400, "input"),
+        (b"not numpy", NPY, 400, ""),
+        (b"\0" * (MAX_BODY + 1), NPY, 413, ""),
         (b"<xml/>", "application/xml", 415, ""),
     ],
     ids=[
@@ -348,26 +446,17 @@ def test_bad_requests_get_their_status(
     assert needle in error["message"]
 
 
-def test_a_bad_request_does_not_fail_its_batch(cluster: Cluster, reference: Callable) -> None:
-    """A wrong request batched with a good one: each gets its own answer."""
-    good = _images(30, 1)
-    bad = np.zeros((1, 3, 32, 32), np.float32)
-    results: list[Any] = [None, None]
-
-    def send(i: int) -> None:
-        x = good if i == 0 else bad
-        status, _, body = _post(f"{cluster.url}/pairs/", _npy(x), "application/x-npy")
-        results[i] = (status, body)
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    (ok, y), (status, error) = results
-    assert ok == 200, y[:500]
-    np.testing.assert_allclose(np.load(io.BytesIO(y)), reference(good), rtol=1e-5, atol=1e-5)
-    assert status == 400 and "input" in json.loads(error)["message"]
+def test_a_bad_request_is_answered_before_it_joins_a_batch(
+    cluster: Cluster, reference: Callable
+) -> None:
+    """The `pairs` app waits an hour to fill a batch: a request with a wrong shape is answered
+    at once (checked before it is queued), and does not take a good request's place."""
+    status, ctype, answer = _post(
+        f"{cluster.url}/pairs/", _npy(np.zeros((1, 3, 32, 32), np.float32)), NPY
+    )
+    assert (status, ctype) == (400, "application/json"), answer[:500]
+    assert "input" in json.loads(answer)["message"]
+    test_two_requests_are_evaluated_as_one_batch(cluster, reference)
 
 
 def test_killed_replica_fails_its_request_then_is_replaced(
@@ -377,7 +466,7 @@ def test_killed_replica_fails_its_request_then_is_replaced(
     result: list[Any] = []
     body = _npy(_images(40, 1))
     sender = threading.Thread(
-        target=lambda: result.append(_post(f"{cluster.url}/pairs/", body, "application/x-npy"))
+        target=lambda: result.append(_post(f"{cluster.url}/pairs/", body, NPY))
     )
     sender.start()
     # the lone request waits in the replica's batch queue until the replica dies
