@@ -28,12 +28,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kn_graph.errors import ArgumentValueError, KnError
 from kn_graph.onnx import load_onnx
 from kn_runtime import Device
-from kn_runtime.serve.ray_serve import deployment
+from kn_runtime.serve.ray_serve import RayServeUnavailableError, deployment
 
-ray = pytest.importorskip("ray", reason="ray[serve] is not installed (the serve-ray extra)")
-serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (serve-ray extra)")
+try:
+    import ray
+    from ray import serve
+except ImportError:  # the serve-ray extra is not installed: only the error test runs
+    ray = serve = None
+NO_RAY = "ray[serve] is not installed (the serve-ray extra)"
 
 
 # one worker holds the cluster: under `pytest -n N --dist loadgroup` this module's tests stay
@@ -128,6 +133,8 @@ def _gone(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if ray is None:
+        pytest.skip(NO_RAY)
     # a short private temp dir: Unix socket paths must stay under 108 bytes
     tmp = Path(f"/tmp/kn-ray-{os.getpid()}")
     logs = tmp_path_factory.mktemp("ray")
@@ -252,6 +259,23 @@ def _replicas(app: str) -> dict[str, Any]:
     }
 
 
+def test_without_ray_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    monkeypatch.setitem(sys.modules, "ray.serve", None)
+    with pytest.raises(RayServeUnavailableError, match=r"pip install 'kyanite\[serve-ray\]'") as e:
+        deployment(MODEL)
+    assert isinstance(e.value, KnError) and isinstance(e.value, ImportError)
+
+
+def test_a_missing_model_file_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    if ray is None:
+        pytest.skip(NO_RAY)
+    with pytest.raises(ArgumentValueError, match=r"nothing\.onnx"):
+        deployment(tmp_path / "nothing.onnx")
+    with pytest.raises(ArgumentValueError, match="max_batch_size"):
+        deployment(MODEL, max_batch_size=0)
+
+
 def _descendants(pid: int) -> set[int]:
     """Every process under `pid` (from /proc)."""
     children: dict[int, list[int]] = {}
@@ -275,6 +299,8 @@ def test_kn_serve_cli_serves_until_ctrl_c(
 ) -> None:
     """`kn-serve model.onnx --engine ray` with no cluster to join: it starts Ray for itself,
     serves on the port, and on Ctrl-C shuts Serve and Ray down and exits with 130."""
+    if ray is None:
+        pytest.skip(NO_RAY)
     port = _free_port()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
