@@ -37,6 +37,9 @@ INSTALL_HINT = "pip install 'kyanite[serve-ray]'"
 
 Outputs = dict[str, np.ndarray]
 
+SERVE_CONTROLLER = "SERVE_CONTROLLER_ACTOR"
+"""The name of the actor that is Serve on a cluster (`ray.serve._private.constants`)."""
+
 
 class RayServeUnavailableError(KnError, ImportError):
     """Ray Serve (the `serve-ray` extra) is not installed; `except ImportError` catches it too."""
@@ -147,8 +150,7 @@ class KyaniteDeployment:
 
         try:
             if request.method in ("GET", "HEAD"):
-                path = request.url.path.rstrip("/")
-                if path == "" or path.endswith(("/metadata", "/healthz")):
+                if _app_path(request) in ("", "/metadata", "/healthz"):
                     body = json.dumps(self._metadata | {"served": self._served}).encode()
                     return Response(body, media_type="application/json")
                 return _error_response(404, f"no GET endpoint {request.url.path}; try /metadata")
@@ -171,6 +173,16 @@ class KyaniteDeployment:
             if status >= 500:
                 log.exception("request failed (%d)", status)
             return Response(payload, status_code=status, media_type="application/json")
+
+
+def _app_path(request: Request) -> str:
+    """The path below the application's route prefix (Serve puts the prefix in `root_path`),
+    without a trailing slash: "" for the application itself."""
+    path = request.url.path
+    root = str(request.scope.get("root_path") or "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path.rstrip("/")
 
 
 def _check_length(length: str, limit: int) -> None:
@@ -266,10 +278,14 @@ def serve_forever(
     name: str = "kyanite",
 ) -> None:
     """Serve the model over HTTP on `host:port` until SIGTERM (returns) or Ctrl-C
-    (KeyboardInterrupt), shutting Serve down either way (`kn-serve --engine ray`). `address`: a running Ray cluster to join (the head's host:port, or
-    "auto"); None joins the cluster `ray start` started on this machine if there is one (Ray's
-    rule; `RAY_ADDRESS` wins), else starts a local one for this process. POST a request to any path, GET
-    /metadata for the model's inputs and outputs."""
+    (KeyboardInterrupt), then take it down (`kn-serve --engine ray`): POST a request to any
+    path, GET /metadata for the model's inputs and outputs.
+
+    `address`: a running Ray cluster to join (the head's host:port, or "auto"); None joins the
+    cluster `ray start` started on this machine if there is one (Ray's rule; `RAY_ADDRESS`
+    wins), else starts a local Ray for this process. On a cluster where Serve already runs,
+    the application joins it (on its HTTP port, whatever `port` says) and only the
+    application is deleted at the end; a Serve started here is shut down."""
     app = deployment(
         model_path,
         name=name,
@@ -287,9 +303,15 @@ def serve_forever(
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
+    ray.init(address=address)
+    # after ray.init, which installs its own (an exit, and its core's crash report and abort)
     previous = signal.signal(signal.SIGTERM, on_signal)
-    ray.init(address=address, log_to_driver=True)
+    ours = False  # whether Serve was started here (else only the application goes at the end)
     try:
+        running = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+        ours = SERVE_CONTROLLER not in running
+        if not ours:
+            log.warning("Serve already runs on this cluster: %s joins it, on its HTTP port", name)
         serve.start(http_options={"host": host, "port": port})
         serve.run(app, name=name, route_prefix="/")
         log.info(
@@ -299,5 +321,10 @@ def serve_forever(
             pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        serve.shutdown()
-        ray.shutdown()
+        try:
+            if ours:
+                serve.shutdown()
+            else:
+                serve.delete(name)
+        finally:
+            ray.shutdown()

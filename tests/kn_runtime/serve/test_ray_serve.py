@@ -485,6 +485,56 @@ def test_a_bad_request_is_answered_before_it_joins_a_batch(
     test_two_requests_are_evaluated_as_one_batch(cluster, reference)
 
 
+def test_get_answers_metadata_at_the_app_and_404_elsewhere(cluster: Cluster) -> None:
+    for path in ("/kn", "/kn/", "/kn/healthz"):
+        with urllib.request.urlopen(cluster.url + path, timeout=HTTP_TIMEOUT_S) as r:
+            assert json.load(r)["outputs"][0]["name"] == "logits"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"{cluster.url}/kn/nothing", timeout=HTTP_TIMEOUT_S)
+    assert e.value.code == 404
+    req = urllib.request.Request(f"{cluster.url}/kn/", data=b"{}", method="PUT")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S)
+    assert e.value.code == 405
+
+
+def test_kn_serve_joins_a_running_serve_and_leaves_it_running(
+    cluster: Cluster, tmp_path: Path, reference: Callable
+) -> None:
+    """`kn-serve --address` on a cluster where Serve already runs: its application is served
+    by that Serve, and SIGTERM deletes only it (exit 0); the other applications stay."""
+    env = dict(os.environ)  # the fixture's RAY_AUTH_MODE included
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "kn_runtime.serve.cli", str(MODEL), "--engine", "ray"]
+    cmd += ["--address", cluster.address, "--max-batch-size", "2"]
+    log = tmp_path / "kn-serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"kn-serve exited with {proc.returncode}:\n{log.read_text()}")
+            return serve.status().applications.get("kyanite") is not None and (
+                serve.status().applications["kyanite"].status == "RUNNING"
+            )
+
+        _wait("kn-serve's application", up)
+        x = _images(60, 1)
+        status, doc = _post_json(f"{cluster.url}/", x)  # its route prefix is /
+        assert status == 200, doc
+        np.testing.assert_allclose(_logits(doc), reference(x), rtol=1e-5, atol=1e-5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=START_TIMEOUT_S) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert set(serve.status().applications) == {"kn", "pairs"}
+    status, doc = _post_json(f"{cluster.url}/kn/", x)
+    assert status == 200, doc
+
+
 def test_killed_replica_fails_its_request_then_is_replaced(
     cluster: Cluster, reference: Callable
 ) -> None:
