@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kn_runtime.serve.batching import load_model
+from kn_runtime.serve.loading import load_model
 from kn_runtime.serve.ray_serve import deployment
 
 MODEL = Path(__file__).resolve().parents[1] / "kn_runtime" / "models" / "resnet_tiny.onnx"

@@ -77,7 +77,7 @@ class KyaniteDeployment:
         device: str = "cpu",
         max_body_bytes: int = codec.MAX_BODY_BYTES,
     ) -> None:
-        from kn_runtime.serve.batching import load_model
+        from kn_runtime.serve.loading import load_model
 
         serve = _serve()
         self.model: BatchedModel = load_model(
