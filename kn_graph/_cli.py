@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -11,7 +12,15 @@ import numpy as np
 
 from kn_graph.errors import KnError
 
-__all__ = ["CliError", "OneLineParser", "load_npy", "parse_int", "writable_path"]
+__all__ = [
+    "CliError",
+    "OneLineParser",
+    "load_npy",
+    "one_line",
+    "parse_int",
+    "run_tool",
+    "writable_path",
+]
 
 
 class CliError(KnError):
@@ -24,6 +33,32 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)
+
+
+def one_line(e: BaseException) -> str:
+    """An error as one line: an OS error's file and reason, else the message's lines joined."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+
+
+def run_tool(
+    prog: str,
+    body: Callable[[], object],
+    errors: tuple[type[BaseException], ...] = (KnError, OSError),
+    interrupted: str = "interrupted",
+) -> int:
+    """A command-line tool's exit status around `body`: 0 when it returns, 2 on one of `errors`
+    (one line on stderr, `prog: error: ...`, no traceback), 130 on Ctrl-C."""
+    try:
+        body()
+    except errors as e:
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: {interrupted}", file=sys.stderr)
+        return 130
+    return 0
 
 
 def parse_int(text: str, what: str, lo: int = 0, hi: int = 2**31 - 1) -> int:

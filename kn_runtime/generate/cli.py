@@ -12,8 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kn_graph._cli import OneLineParser
-from kn_graph.errors import KnError
+from kn_graph._cli import OneLineParser, run_tool
 from kn_runtime.generate.folder import SearchDefaults
 from kn_runtime.generate.generator import TINY_LLM, load_generator
 
@@ -98,16 +97,7 @@ def run(argv: list[str] | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Exit status 0 on success, 2 on a bad folder or argument (one line on stderr), 130 on
     Ctrl-C."""
-    try:
-        run(argv)
-    except (KnError, OSError) as e:
-        text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        print(f"kn-generate: error: {text}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("kn-generate: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    return run_tool("kn-generate", lambda: run(argv))
 
 
 if __name__ == "__main__":

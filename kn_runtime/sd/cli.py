@@ -22,7 +22,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from kn_graph._cli import CliError
+from kn_graph._cli import CliError, run_tool
 from kn_graph.errors import KnError
 from kn_runtime.sd import TINY_SD
 from kn_runtime.sd.executors import make_executor
@@ -247,26 +247,18 @@ def print_timings(timings: dict[str, float]) -> None:
     print(f"  {'total':<{width}}  {sum(timings.values()):9.3f} s")
 
 
-def _one_line(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
-    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-
-
 def main(argv: list[str] | None = None) -> int:
     """Exit status 0 on success, 2 on any bad invocation, model folder or file (one line on
     stderr, no traceback), 130 on Ctrl-C."""
-    try:
+
+    def body() -> None:
         args = build_parser().parse_args(argv)
         check_args(args)
         run(args)
-    except (PipelineError, SchedulerError, TokenizerError, KnError, OSError) as e:
-        print(f"kn-sd: error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("kn-sd: interrupted", file=sys.stderr)
-        return 130
-    return 0
+
+    return run_tool(
+        "kn-sd", body, (PipelineError, SchedulerError, TokenizerError, KnError, OSError)
+    )
 
 
 if __name__ == "__main__":

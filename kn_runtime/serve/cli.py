@@ -16,8 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kn_graph._cli import CliError, OneLineParser
-from kn_graph.errors import KnError
+from kn_graph._cli import CliError, OneLineParser, run_tool
 
 __all__ = ["build_parser", "main"]
 
@@ -123,16 +122,9 @@ def run(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Exit status 0 when the server stops, 2 on a bad argument or model (one line on stderr),
     130 on Ctrl-C."""
-    try:
-        run(sys.argv[1:] if argv is None else argv)
-    except (KnError, OSError) as e:
-        text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        print(f"kn-serve: error: {text}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("kn-serve: stopped", file=sys.stderr)
-        return 130
-    return 0
+    return run_tool(
+        "kn-serve", lambda: run(sys.argv[1:] if argv is None else argv), interrupted="stopped"
+    )
 
 
 if __name__ == "__main__":
