@@ -9,6 +9,7 @@ output; elsewhere the result is exact."""
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -20,6 +21,16 @@ from kn_graph.onnx import load_onnx
 from tests.kn_graph.onnx.helpers import model, node, on_cpu, ours, reference
 
 RNG = np.random.default_rng(11)
+
+
+@pytest.fixture(autouse=True)
+def _own_data(request: pytest.FixtureRequest) -> None:
+    """Each test draws its data from its own seed (its id), not from where the module's
+    generator stands when the test runs: the same data in any order, on any xdist worker."""
+    global RNG
+    RNG = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
 MS = "com.microsoft"
 DTYPES = [np.uint8, np.int8]
 
@@ -45,13 +56,15 @@ def qmodel(
 
 
 def check_q(
-    m: onnx.ModelProto, feed: Mapping[str, np.ndarray], units: int, share: float = 0.15
+    m: onnx.ModelProto, feed: Mapping[str, np.ndarray], units: int, share: float = 0.5
 ) -> None:
     """Ours equal onnxruntime in dtype and shape, and in value within `units` of the quantized
     output (the reference executor) or one unit (the CPU device: its optimizer folds
     (x - zp)·s / s' into x·(s / s') + c and turns the division into a multiplication, which
     moves a value sitting at a rounding tie by one unit). At most `share` of the elements may
-    differ: a lost zero point or scale would move most of them."""
+    differ: a lost zero point or scale would move most of them (and by more than one unit,
+    which the bound catches first); how many ties a tolerated one-unit difference meets depends
+    on the data, not on the implementation, so the share is not tuned to it."""
     (want,) = reference(m, feed)
     for (got,), bound in ((ours(m, feed), units), (on_cpu(m, feed), 1)):
         assert got.dtype == want.dtype and got.shape == want.shape, (got.shape, want.shape)
@@ -162,8 +175,8 @@ def test_qlinear_where_is_exact(dt: type) -> None:
 )
 def test_qlinear_average_pool(dt: type, channels_last: int, attrs: dict[str, object]) -> None:
     """onnxruntime rounds y / scale + zp, so a tie rounds to even after adding the odd zero
-    point instead of before: one unit. With equal scales the mean of 2 or 4 integers is a tie
-    a quarter to a half of the time, so up to a quarter of the values may move."""
+    point instead of before: one unit. With equal scales the mean of 2 integers is a tie half
+    of the time (of 4, a quarter), so up to half of the values may move."""
     x = qdata(dt, 2, 3, 7, 6)
     feed = {"x": x.transpose(0, 2, 3, 1).copy() if channels_last else x}
     (sx, zx), (sy, zy) = params(dt, 0.1, 127), params(dt, 0.1, 131)
@@ -174,14 +187,16 @@ def test_qlinear_average_pool(dt: type, channels_last: int, attrs: dict[str, obj
         channels_last=channels_last,
         **attrs,
     )
-    check_q(qmodel([n], feed, {"sx": sx, "zx": zx, "sy": sy, "zy": zy}), feed, 1, share=0.25)
+    check_q(qmodel([n], feed, {"sx": sx, "zx": zx, "sy": sy, "zy": zy}), feed, units=1)
 
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("channels_last", [0, 1])
 @pytest.mark.parametrize("shape", [(2, 16, 5, 3), (1, 32, 10)])
 def test_qlinear_global_average_pool(dt: type, channels_last: int, shape: tuple[int, ...]) -> None:
-    """MLAS sums the integers and requantizes the sum with one combined scale: one unit."""
+    """MLAS sums the integers and requantizes the sum with one combined scale: one unit. With
+    these scales the mean of 10 values is sum / 2 units (a tie half of the time) and of 15,
+    sum / 3 (never one): up to half of the values may move."""
     feed = {"x": qdata(dt, *shape)}
     (sx, zx), (sy, zy) = params(dt, 0.05, 120), params(dt, 0.01, 128)
     n = node(
