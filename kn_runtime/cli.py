@@ -115,14 +115,16 @@ def _declared_inputs(
     return out
 
 
-def _optimize(graph: Graph, enabled: bool) -> tuple[Graph, bool]:
-    if not enabled:
+def _optimize(graph: Graph, device: Device | None) -> tuple[Graph, bool]:
+    """The graph optimized with `device`'s settings (what `prepare` would use: QDQ fusion on the
+    CPU backend), or as it is without a device."""
+    if device is None:
         return graph, False
     try:
         mod = importlib.import_module("kn_graph.optimizer")
     except ImportError:
         return graph, False
-    return mod.optimize(graph), True
+    return mod.optimize(graph, device.optimizer_settings()), True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,10 +181,10 @@ def _run(args: argparse.Namespace) -> int:
     given = _given_inputs(args)
     dims = _dims(args)
     runs = parse_int(args.runs, "--runs", 1, 10**6)
-    loaded, graph, given = _load(path, given, dims, not args.no_optimize)
+    device = _device(args)
+    loaded, graph, given = _load(path, given, dims, None if args.no_optimize else device)
     if args.print_graph:
         print(graph)
-    device = _device(args)
     symbols = set().union(*(graph[v].shape.symbols for v in graph.inputs))
     _check_names(graph, loaded, symbols, dims, given)
     inputs = _inputs(graph, dims, given)
@@ -218,7 +220,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _load(
-    path: Path, given: dict[str, np.ndarray], dims: dict[str, int], optimize: bool
+    path: Path, given: dict[str, np.ndarray], dims: dict[str, int], optimize_for: Device | None
 ) -> tuple[Graph | ValueSpecializedModel, Graph, dict[str, np.ndarray]]:
     """The model as loaded, the graph to run (specialized to the given values of a model whose
     shapes depend on them, optimized unless told not to) and the given inputs that graph takes;
@@ -233,7 +235,7 @@ def _load(
     t_load = time.perf_counter() - t0
     n_loaded = len(graph)
     t0 = time.perf_counter()
-    graph, optimized = _optimize(graph, optimize)
+    graph, optimized = _optimize(graph, optimize_for)
     t_opt = time.perf_counter() - t0
     line = f"model: {path.name}  load {t_load * 1e3:.1f} ms, {n_loaded} values"
     if optimized:
