@@ -76,12 +76,17 @@ class KyaniteDeployment:
         batch_wait_timeout_s: float = 0.005,
         device: str = "cpu",
         max_body_bytes: int = codec.MAX_BODY_BYTES,
+        runtime: str = "kyanite",
     ) -> None:
         from kn_runtime.serve.loading import load_model
 
         serve = _serve()
         self.model: BatchedModel = load_model(
-            model_path, device=device, threads=threads, max_batch_size=max_batch_size
+            model_path,
+            device=device,
+            threads=threads,
+            max_batch_size=max_batch_size,
+            runtime=runtime,
         )
         self.max_body_bytes = max_body_bytes
         self.batch_wait_timeout_s = batch_wait_timeout_s
@@ -216,6 +221,7 @@ def deployment(
     device: str = "cpu",
     max_body_bytes: int = codec.MAX_BODY_BYTES,
     deployment_options: Mapping[str, Any] | None = None,
+    runtime: str = "kyanite",
 ) -> Application:
     """A bound Serve application serving the model: pass it to `serve.run(app, ...)`.
 
@@ -227,7 +233,8 @@ def deployment(
     requests at a time, so that a full batch can gather while the previous one runs (Serve's
     default of 5 would cap every batch at 5). `deployment_options`: further `serve.deployment`
     options, which win over these (`autoscaling_config`, `max_replicas_per_node`,
-    `health_check_period_s`, `max_ongoing_requests`, ...)."""
+    `health_check_period_s`, `max_ongoing_requests`, ...). `runtime="onnxruntime"` serves the
+    model with onnxruntime behind the same code (`load_model`; the serving benchmark's peer)."""
     serve = _serve()
     if num_replicas < 1:
         raise ArgumentValueError(f"num_replicas must be at least 1, found {num_replicas}")
@@ -261,6 +268,7 @@ def deployment(
         batch_wait_timeout_s=batch_wait_timeout_s,
         device=device,
         max_body_bytes=max_body_bytes,
+        runtime=runtime,
     )
 
 
