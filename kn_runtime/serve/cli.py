@@ -4,10 +4,12 @@ repository for a Triton server of your own.
     kn-serve model.onnx --engine ray --replicas 2 --port 8000      # Ray Serve (extra serve-ray)
     kn-serve model.onnx --engine triton --port 8000 --grpc-port 8001   # PyTriton (serve-triton)
     kn-serve export-triton model.onnx repo/ --max-batch-size 16    # a model repository
+    kn-serve generate [FOLDER] --engine ray --port 8000   # an LLM folder (default: the tiny LLM)
     kn-serve triton-stub-env [DIR]        # NumPy 2 here: the environment PyTriton's stub needs
 
 Requests: JSON, `.npy` or `.npz` bodies (`kn_runtime.serve.codec`) on Ray; the KServe v2
-protocol (tritonclient, HTTP and gRPC) on Triton. Bad arguments end with one line on stderr
+protocol (tritonclient, HTTP and gRPC) on Triton; for `generate`, JSON `{"prompt": ...,
+"stream": true}` (`kn_runtime.serve.generation`). Bad arguments end with one line on stderr
 (`kn-serve: error: ...`), status 2.
 """
 
@@ -22,6 +24,7 @@ __all__ = ["build_parser", "main"]
 
 EXPORT = "export-triton"
 STUB_ENV = "triton-stub-env"
+GENERATE = "generate"
 
 
 def build_parser() -> OneLineParser:
@@ -55,6 +58,21 @@ def build_export_parser() -> OneLineParser:
     return ap
 
 
+def build_generate_parser() -> OneLineParser:
+    ap = OneLineParser(
+        prog=f"kn-serve {GENERATE}", description="serve text generation, streamed or not"
+    )
+    ap.add_argument(
+        "folder", type=Path, nargs="?", default=None, help="an LLM folder (default: the tiny LLM)"
+    )
+    ap.add_argument("--engine", choices=["ray"], default="ray")
+    ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    ap.add_argument("--address", default=None, help="Ray: a running cluster (default: local)")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads (1)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
+    return ap
+
+
 def _positive(value: int, flag: str) -> None:
     if value < 1:
         raise CliError(f"{flag}: expected a positive integer, found {value}")
@@ -68,6 +86,17 @@ def run(argv: list[str]) -> None:
 
         path = make_stub_env(argv[1] if len(argv) == 2 else None)
         print(f"the Triton stub environment is {path} (found there, or by {STUB_ENV_VAR}={path})")
+        return
+    if argv and argv[0] == GENERATE:
+        gen = build_generate_parser().parse_args(argv[1:])
+        _positive(gen.threads, "--threads")
+        if gen.folder is not None and not gen.folder.is_dir():
+            raise CliError(f"folder: '{gen.folder}' is not a folder")
+        from kn_runtime.serve.ray_serve import serve_generation_forever
+
+        serve_generation_forever(
+            gen.folder, port=gen.port, threads=gen.threads, address=gen.address, device=gen.device
+        )
         return
     if argv and argv[0] == EXPORT:
         args = build_export_parser().parse_args(argv[1:])

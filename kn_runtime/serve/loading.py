@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kn_graph.errors import ArgumentValueError
 from kn_runtime.serve.batching import BatchedModel
 
-__all__ = ["load_model"]
+if TYPE_CHECKING:
+    from kn_runtime.device import Device
+
+__all__ = ["load_model", "resolve_device"]
 
 
 def load_model(
@@ -39,19 +43,7 @@ def load_model(
         )
     if runtime != "kyanite":
         raise ArgumentValueError(f"runtime: expected kyanite or onnxruntime, found {runtime!r}")
-    if device == "cpu":
-        dev = Device.cpu(threads)
-    elif device == "best":
-        dev = Device.best()
-        if dev.kind == "cpu" and threads is not None:
-            dev = Device.cpu(threads)
-    elif device == "cuda" or device.startswith("cuda:"):
-        index = device.partition(":")[2]
-        if index and not index.isdigit():
-            raise ArgumentValueError(f"device: expected cuda or cuda:N, found {device!r}")
-        dev = Device.cuda(int(index or 0))
-    else:
-        raise ArgumentValueError(f"device: expected cpu, cuda, cuda:N or best, found {device!r}")
+    dev = resolve_device(device, threads)
     return BatchedModel(dev.prepare(load_onnx(os.fspath(path))), max_batch_size=max_batch_size)
 
 
@@ -70,3 +62,22 @@ def _onnxruntime(
         return list(session.run(None, arrays))
 
     return evaluate
+
+
+def resolve_device(device: str, threads: int | None = None) -> Device:
+    """The `Device` a server's `device` setting names: "cpu" (the CPU backend with `threads`
+    intra-op threads), "cuda" / "cuda:N", or "best" (a GPU when one works, else the CPU with
+    `threads`). Shared by everything a server loads (ONNX files, LLM folders)."""
+    from kn_runtime.device import Device
+
+    if device == "cpu":
+        return Device.cpu(threads)
+    if device == "best":
+        dev = Device.best()
+        return Device.cpu(threads) if dev.kind == "cpu" and threads is not None else dev
+    if device == "cuda" or device.startswith("cuda:"):
+        index = device.partition(":")[2]
+        if index and not index.isdigit():
+            raise ArgumentValueError(f"device: expected cuda or cuda:N, found {device!r}")
+        return Device.cuda(int(index or 0))
+    raise ArgumentValueError(f"device: expected cpu, cuda, cuda:N or best, found {device!r}")

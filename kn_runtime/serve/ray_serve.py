@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
@@ -27,9 +27,18 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
+    from kn_runtime.generate.generator import Generator
     from kn_runtime.serve.batching import BatchedModel
 
-__all__ = ["KyaniteDeployment", "RayServeUnavailableError", "deployment", "serve_forever"]
+__all__ = [
+    "GenerationDeployment",
+    "KyaniteDeployment",
+    "RayServeUnavailableError",
+    "deployment",
+    "generation_deployment",
+    "serve_forever",
+    "serve_generation_forever",
+]
 
 log = logging.getLogger(__name__)
 
@@ -110,22 +119,12 @@ class KyaniteDeployment:
         largest batch so far): the model's inputs, outputs and batching (`describe()`, -1 for
         a symbolic size), this replica's settings, and where it runs (its Ray node and
         process), which is how a client tells the replicas apart."""
-        import ray
-        from ray import serve
-
-        ctx = serve.get_replica_context()
         return self.model.describe() | {
             "model": os.path.basename(model_path),
             "max_batch_size": self.max_batch_size,
             "batch_wait_timeout_s": self.batch_wait_timeout_s,
             "max_body_bytes": self.max_body_bytes,
-            "replica": {
-                "app": ctx.app_name,
-                "deployment": ctx.deployment,
-                "replica_id": ctx.replica_id.unique_id,
-                "node_id": ray.get_runtime_context().get_node_id(),
-                "pid": os.getpid(),
-            },
+            "replica": _replica_info(),
         }
 
     async def _run_batch(self, requests: list[Mapping[str, np.ndarray]]) -> list[Any]:
@@ -154,16 +153,10 @@ class KyaniteDeployment:
         from starlette.responses import Response
 
         try:
-            if request.method in ("GET", "HEAD"):
-                if _app_path(request) in ("", "/metadata", "/healthz"):
-                    body = json.dumps(self._metadata | {"served": self._served}).encode()
-                    return Response(body, media_type="application/json")
-                return _error_response(404, f"no GET endpoint {request.url.path}; try /metadata")
-            if request.method != "POST":
-                return _error_response(405, f"{request.method} is not served; POST a request")
-            length = request.headers.get("content-length")
-            if length is not None:
-                _check_length(length, self.max_body_bytes)
+            early = _not_a_post(request, self._metadata | {"served": self._served})
+            if early is not None:
+                return early
+            _check_length(request, self.max_body_bytes)
             content_type = request.headers.get("content-type")
             body = await request.body()
             inputs = codec.decode_request(body, content_type, self.model, self.max_body_bytes)
@@ -190,16 +183,65 @@ def _app_path(request: Request) -> str:
     return path.rstrip("/")
 
 
-def _check_length(length: str, limit: int) -> None:
-    """Refuse a body by its Content-Length before reading it."""
+def _replica_info() -> dict[str, Any]:
+    """Where this replica runs (for GET /metadata): its application, deployment and id, its
+    Ray node and its process, which is how a client tells the replicas apart."""
+    import ray
+    from ray import serve
+
+    ctx = serve.get_replica_context()
+    return {
+        "app": ctx.app_name,
+        "deployment": ctx.deployment,
+        "replica_id": ctx.replica_id.unique_id,
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "pid": os.getpid(),
+    }
+
+
+def _not_a_post(request: Request, metadata: Mapping[str, Any]) -> Response | None:
+    """The answer to anything but a POST (GET/HEAD of the application, /metadata or /healthz:
+    `metadata` as JSON; another path: 404; another method: 405), or None for a POST."""
+    from starlette.responses import Response
+
+    if request.method in ("GET", "HEAD"):
+        if _app_path(request) in ("", "/metadata", "/healthz"):
+            return Response(json.dumps(metadata).encode(), media_type="application/json")
+        return _error_response(404, f"no GET endpoint {request.url.path}; try /metadata")
+    if request.method != "POST":
+        return _error_response(405, f"{request.method} is not served; POST a request")
+    return None
+
+
+def _check_length(request: Request, limit: int) -> None:
+    """Refuse a body by its Content-Length (when it has one) before reading it."""
     from kn_graph.errors import RequestError
 
+    length = request.headers.get("content-length")
+    if length is None:
+        return
     try:
         size = int(length)
     except ValueError:
         raise RequestError(f"Content-Length must be an integer, found {length!r}") from None
     if size > limit:
-        raise RequestError(f"request body of {size} bytes is over the limit of {limit} bytes", 413)
+        raise _too_large(size, limit)
+
+
+def _too_large(size: int, limit: int) -> KnError:
+    from kn_graph.errors import RequestError
+
+    return RequestError(f"request body of {size} bytes is over the limit of {limit} bytes", 413)
+
+
+def _actor_options(
+    threads: int | None, device: str, given: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A replica's reservation: `threads` CPUs, and a GPU for a CUDA device; `given` wins."""
+    options: dict[str, Any] = {"num_cpus": threads or 1}
+    if device.startswith("cuda"):
+        options["num_gpus"] = 1
+    return options | dict(given or {})
 
 
 def _error_response(status: int, message: str) -> Response:
@@ -247,14 +289,10 @@ def deployment(
     path = Path(model_path).resolve()
     if not path.is_file():
         raise ArgumentValueError(f"model file {str(model_path)!r} does not exist")
-    options: dict[str, Any] = {"num_cpus": threads or 1}
-    if device.startswith("cuda"):
-        options["num_gpus"] = 1
-    options.update(ray_actor_options or {})
     settings: dict[str, Any] = {
         "name": name,
         "num_replicas": num_replicas,
-        "ray_actor_options": options,
+        "ray_actor_options": _actor_options(threads, device, ray_actor_options),
         "max_ongoing_requests": 2 * max_batch_size,
     }
     settings.update(deployment_options or {})
@@ -303,6 +341,14 @@ def serve_forever(
         batch_wait_timeout_s=batch_wait_timeout_s,
         device=device,
     )
+    _run_until_stopped(app, str(model_path), name=name, port=port, address=address, host=host)
+
+
+def _run_until_stopped(
+    app: Application, what: str, *, name: str, port: int, address: str | None, host: str
+) -> None:
+    """Run `app` on Serve at `host:port` until SIGTERM or Ctrl-C, then take it down (the cluster
+    rules of `serve_forever`, which every `*_forever` shares)."""
     import ray
 
     serve = _serve()
@@ -322,9 +368,7 @@ def serve_forever(
             log.warning("Serve already runs on this cluster: %s joins it, on its HTTP port", name)
         serve.start(http_options={"host": host, "port": port})
         serve.run(app, name=name, route_prefix="/")
-        log.info(
-            "serving %s on http://%s:%d/ (GET /metadata; Ctrl-C stops)", model_path, host, port
-        )
+        log.info("serving %s on http://%s:%d/ (GET /metadata; Ctrl-C stops)", what, host, port)
         while not stop.wait(1.0):  # Ctrl-C: KeyboardInterrupt, after the cleanup below
             pass
     finally:
@@ -336,3 +380,171 @@ def serve_forever(
                 serve.delete(name)
         finally:
             ray.shutdown()
+
+
+GENERATION_MAX_BODY = 1 << 20
+"""The largest generation request body (a prompt and a few settings), in bytes."""
+
+_DONE = object()
+"""The end of what `_in_thread` hands over from its worker thread."""
+
+
+async def _in_thread(items: Iterable[Any]) -> AsyncIterator[Any]:
+    """Iterate `items` in a worker thread and yield what it gives on the event loop, as it comes:
+    a generation's steps run off the loop, so the replica keeps accepting and streaming other
+    requests meanwhile. An exception in the thread is raised here; when the consumer stops early
+    (the client went away) the thread stops after its current item."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for item in items:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+                if stop.is_set():
+                    break
+            end: Any = _DONE
+        except BaseException as exc:  # handed to the loop, raised there
+            end = exc
+        loop.call_soon_threadsafe(queue.put_nowait, end)
+
+    thread = threading.Thread(target=work, name="kn-generate", daemon=True)
+    thread.start()
+    try:
+        while (item := await queue.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+class GenerationDeployment:
+    """One Serve replica holding one `Generator` (an LLM folder on a device): POST a JSON
+    request (`generation.parse_request`), get the answer at once or streamed as
+    newline-delimited JSON. Each generation runs in a worker thread; concurrent requests
+    generate side by side, their steps taking turns on the model (its lock). Every failure
+    before the answer starts is an HTTP error (`codec.encode_error`: 400 for a bad field, 413
+    over the body limit); one after a stream started ends it with an `{"error"}` line.
+
+    A plain class at module level (wrapped by `generation_deployment()`), so that Ray pickles
+    it by reference and replicas import it from the installed package."""
+
+    def __init__(self, folder: str | None, *, threads: int | None = 1, device: str = "cpu") -> None:
+        from kn_runtime.generate.generator import load_generator
+        from kn_runtime.serve.loading import resolve_device
+
+        self.generator: Generator = load_generator(folder, resolve_device(device, threads))
+        spec = self.generator.spec
+        self._metadata = {
+            "model": spec.folder.name,
+            "layout": spec.layout,
+            "vocab": self.generator.vocab,
+            "context_length": spec.context_length,
+            "device": str(self.generator.model.prepared.device),
+            "max_body_bytes": GENERATION_MAX_BODY,
+            "replica": _replica_info(),
+        }
+        self._served = {"requests": 0, "streamed": 0, "tokens": 0}
+        log.info("kyanite generation replica ready: %r", self.generator)
+
+    async def __call__(self, request: Request) -> Response:
+        from starlette.responses import Response, StreamingResponse
+
+        from kn_runtime.serve import generation
+
+        try:
+            early = _not_a_post(request, self._metadata | {"served": self._served})
+            if early is not None:
+                return early
+            _check_length(request, GENERATION_MAX_BODY)
+            body = await request.body()
+            if len(body) > GENERATION_MAX_BODY:
+                raise _too_large(len(body), GENERATION_MAX_BODY)
+            asked = generation.parse_request(body)
+            stream = generation.start(self.generator, asked)  # a refused prompt: 400 here
+            self._served["requests"] += 1
+            if asked.stream:
+                self._served["streamed"] += 1
+                return StreamingResponse(self._lines(stream), media_type="application/x-ndjson")
+            async for _ in _in_thread(stream):
+                self._served["tokens"] += 1
+            assert stream.result is not None
+            return Response(generation.answer(stream.result), media_type="application/json")
+        except Exception as exc:
+            status, payload = codec.encode_error(exc)
+            if status >= 500:
+                log.exception("generation request failed (%d)", status)
+            return Response(payload, status_code=status, media_type="application/json")
+
+    async def _lines(self, stream: Any) -> AsyncIterator[bytes]:
+        """The streamed body: a line per token, then the finish line (or an error line)."""
+        from kn_runtime.serve import generation
+
+        try:
+            async for event in _in_thread(stream):
+                self._served["tokens"] += 1
+                yield generation.event_line(event)
+            assert stream.result is not None
+            yield generation.end_line(stream.result)
+        except Exception as exc:
+            log.exception("a streamed generation failed")
+            yield generation.error_line(exc)
+
+
+def generation_deployment(
+    folder: str | os.PathLike[str] | None = None,
+    *,
+    name: str = "kyanite-generate",
+    num_replicas: int = 1,
+    ray_actor_options: Mapping[str, Any] | None = None,
+    threads: int | None = 1,
+    device: str = "cpu",
+    deployment_options: Mapping[str, Any] | None = None,
+) -> Application:
+    """A bound Serve application generating text with the LLM in `folder` (None: the shipped
+    tiny model, `TINY_LLM`): pass it to `serve.run(app, ...)`. POST `{"prompt": ..., "stream":
+    true, ...}` (`generation.FIELDS`); GET /metadata for the model and the replica.
+
+    Each replica loads the folder itself (the same path on every node). Replicas reserve
+    `threads` CPUs (one GPU when `device` is a CUDA device) unless `ray_actor_options` says
+    otherwise, and take up to 16 requests at a time (they generate side by side);
+    `deployment_options`: further `serve.deployment` options, which win over these."""
+    from kn_runtime.generate.folder import read_folder
+    from kn_runtime.generate.generator import TINY_LLM
+
+    serve = _serve()
+    if num_replicas < 1:
+        raise ArgumentValueError(f"num_replicas must be at least 1, found {num_replicas}")
+    path = Path(TINY_LLM if folder is None else folder).resolve()
+    read_folder(path)  # a folder that lacks a file is refused here, not in every replica
+    settings: dict[str, Any] = {
+        "name": name,
+        "num_replicas": num_replicas,
+        "ray_actor_options": _actor_options(threads, device, ray_actor_options),
+        "max_ongoing_requests": 16,
+    }
+    settings.update(deployment_options or {})
+    if "autoscaling_config" in settings and "num_replicas" not in (deployment_options or {}):
+        del settings["num_replicas"]  # Serve takes one or the other
+    bound = serve.deployment(GenerationDeployment, **settings)
+    return bound.bind(str(path), threads=threads, device=device)
+
+
+def serve_generation_forever(
+    folder: str | os.PathLike[str] | None = None,
+    *,
+    port: int = 8000,
+    threads: int | None = 1,
+    address: str | None = None,
+    device: str = "cpu",
+    host: str = "127.0.0.1",
+    name: str = "kyanite-generate",
+) -> None:
+    """Generate text over HTTP on `host:port` until SIGTERM or Ctrl-C (`kn-serve generate
+    --engine ray`), with the cluster rules of `serve_forever`: POST a request to any path, GET
+    /metadata for the model."""
+    app = generation_deployment(folder, name=name, threads=threads, device=device)
+    what = "the tiny LLM" if folder is None else str(folder)
+    _run_until_stopped(app, what, name=name, port=port, address=address, host=host)
