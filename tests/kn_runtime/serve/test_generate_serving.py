@@ -50,9 +50,8 @@ def url() -> Iterator[str]:
     machine's ~/.ray nor a token file changes what Ray does (as test_ray_serve does)."""
     if ray is None:
         pytest.skip(NO_RAY)
-    from kn_runtime.serve.ray_serve import generation_deployment
-
     from kn_cuda_eval.codegen.cache import cache_dir
+    from kn_runtime.serve.ray_serve import generation_deployment
 
     tmp = Path(tempfile.mkdtemp(prefix="kn-gen-", dir="/tmp"))  # Unix sockets: short paths
     env = {
