@@ -20,6 +20,7 @@ __all__ = [
     "FIELDS",
     "GenerationRequest",
     "answer",
+    "check_request",
     "end_line",
     "error_line",
     "event_line",
@@ -89,6 +90,12 @@ def parse_request(body: bytes) -> GenerationRequest:
         raise RequestError(f"the body is not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise RequestError(f'expected a JSON object {{"prompt": ...}}, found {type(doc).__name__}')
+    return check_request(doc)
+
+
+def check_request(doc: dict[str, Any]) -> GenerationRequest:
+    """The request in `doc` (a decoded JSON object, or the tensors of a Triton request turned
+    into Python values), checked as `parse_request` says."""
     unknown = sorted(set(doc) - set(FIELDS))
     if unknown:
         raise RequestError(f"unknown field {unknown[0]!r}: expected some of {', '.join(FIELDS)}")

@@ -45,17 +45,21 @@ import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kn_graph.errors import ArgumentValueError, KnError, RequestError
 from kn_runtime.serve.batching import BatchedModel, TensorSpec
 
+if TYPE_CHECKING:
+    from kn_runtime.generate.generator import Generator
+
 __all__ = [
     "STUB_ENV_VAR",
     "TritonUnavailableError",
     "bind",
+    "bind_generator",
     "default_stub_env",
     "launch_repository",
     "make_stub_env",
@@ -297,15 +301,9 @@ def bind(
     (`ConnectionRefusedError` in `get_config_from_handshake_server`: the later instances'
     stubs connect once to a socket the first one has bound but may not yet listen on); binding
     again under another name is the way out, as PyTriton keeps the failed name."""
-    _pytriton()
+    _check_started(triton)
     from pytriton.model_config import DynamicBatcher, ModelConfig
 
-    if _numpy2() and triton not in _READY:
-        raise TritonUnavailableError(
-            f"with NumPy {np.__version__} a Triton server must be started by "
-            "kn_runtime.serve.triton.start(), which runs PyTriton's stub on NumPy 1 (a Triton "
-            "started otherwise hands every input over as zeros)"
-        )
     for value, what in ((max_batch_size, "max_batch_size"), (instances, "instances")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ArgumentValueError(f"{what}: expected a positive int, found {value!r}")
@@ -327,6 +325,86 @@ def bind(
         outputs=_tensors(model.outputs, batched),
         config=config,
     )
+
+
+def _check_started(triton: Any) -> None:
+    """PyTriton importable, and under NumPy 2 a server that `start` started (module docstring)."""
+    _pytriton()
+    if _numpy2() and triton not in _READY:
+        raise TritonUnavailableError(
+            f"with NumPy {np.__version__} a Triton server must be started by "
+            "kn_runtime.serve.triton.start(), which runs PyTriton's stub on NumPy 1 (a Triton "
+            "started otherwise hands every input over as zeros)"
+        )
+
+
+GENERATION_INPUTS: dict[str, type] = {
+    "prompt": bytes,
+    "max_new_tokens": np.int32,
+    "temperature": np.float32,
+    "top_k": np.int32,
+    "top_p": np.float32,
+    "repetition_penalty": np.float32,
+    "seed": np.int64,
+}
+"""A generation model's inputs (shape [1] each; all but `prompt` optional): the settings of
+`generation.FIELDS` that are numbers, as Triton tensors. Outputs: `text` and `finish_reason`
+(BYTES, shape [1])."""
+
+
+def bind_generator(triton: Any, generator: Generator, *, name: str = "kyanite-generate") -> None:
+    """Serve `generator` as `name` on a PyTriton `Triton` (from `start`), decoupled: a request
+    gets one response per generated token (`text`, its piece; `finish_reason` empty), then one
+    with an empty `text` and the finish reason. Clients stream it over gRPC
+    (`tritonclient.grpc`: `start_stream`, `async_stream_infer`). The settings are checked as
+    the HTTP front ends check them (`generation.check_request`); a bad one is the request's
+    error. Requests are answered one at a time (one model instance)."""
+    _check_started(triton)
+    from pytriton.model_config import ModelConfig, Tensor
+
+    inputs = [
+        Tensor(name=k, dtype=t, shape=(1,), optional=k != "prompt")
+        for k, t in GENERATION_INPUTS.items()
+    ]
+    outputs = [Tensor(name=k, dtype=bytes, shape=(1,)) for k in ("text", "finish_reason")]
+    triton.bind(
+        model_name=name,
+        infer_func=_generating(generator),
+        inputs=inputs,
+        outputs=outputs,
+        config=ModelConfig(batching=False, decoupled=True),
+    )
+
+
+def _generating(generator: Generator) -> Any:
+    """PyTriton's decoupled callable: a generator function (that is how PyTriton tells a
+    decoupled one) yielding a response list per token of the (one) request."""
+    from kn_runtime.serve import generation
+
+    def piece(text: str, finish: str = "") -> list[dict[str, np.ndarray]]:
+        return [
+            {
+                "text": np.array([text.encode()], dtype=np.object_),
+                "finish_reason": np.array([finish.encode()], dtype=np.object_),
+            }
+        ]
+
+    def infer(requests: Sequence[Any]) -> Iterator[list[dict[str, np.ndarray]]]:
+        for request in requests:
+            doc = {}
+            for key, array in request.data.items():
+                value = np.asarray(array).reshape(-1)[0]
+                doc[key] = value.decode() if isinstance(value, bytes) else value.item()
+            try:
+                stream = generation.start(generator, generation.check_request(doc))
+            except (ValueError, TypeError) as exc:  # our request checks, the generator's
+                raise RequestError(str(exc)) from None
+            for event in stream:
+                yield piece(event.text)
+            assert stream.result is not None
+            yield piece("", stream.result.finish_reasons[0])
+
+    return infer
 
 
 def _callable(model: BatchedModel) -> Any:
