@@ -92,7 +92,7 @@ def run(argv: list[str]) -> None:
         _positive(gen.threads, "--threads")
         if gen.folder is not None and not gen.folder.is_dir():
             raise CliError(f"folder: '{gen.folder}' is not a folder")
-        from kn_runtime.serve.ray_serve import serve_generation_forever
+        from kn_runtime.serve.ray_generation import serve_generation_forever
 
         serve_generation_forever(
             gen.folder, port=gen.port, threads=gen.threads, address=gen.address, device=gen.device

@@ -1,7 +1,7 @@
 """Text generation behind a server, whatever the engine: the JSON request every front end reads
 (`parse_request`, checked field by field into a `GenerationRequest`), the lines a streamed
 answer is made of (`event_line`, `end_line`) and the body of one that is not (`answer`).
-`ray_serve.GenerationDeployment` serves them over HTTP."""
+`ray_generation.GenerationDeployment` serves them over HTTP."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def url() -> Iterator[str]:
     if ray is None:
         pytest.skip(NO_RAY)
     from kn_cuda_eval.codegen.cache import cache_dir
-    from kn_runtime.serve.ray_serve import generation_deployment
+    from kn_runtime.serve.ray_generation import generation_deployment
 
     tmp = Path(tempfile.mkdtemp(prefix="kn-gen-", dir="/tmp"))  # Unix sockets: short paths
     env = {
