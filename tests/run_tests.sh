@@ -19,7 +19,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e ".[test,sd,nvrtc,serve-ray,serve-triton]"
 # PyTriton's Python-backend stub reads NumPy 2 arrays as zeros: under NumPy 2 it runs in a venv
 # of its own with NumPy 1 (kn_runtime/serve/triton.py), made once
-.venv/bin/python -c 'import sys; from kn_runtime.serve.triton import _stub_env as s; s(None)' \
+.venv/bin/python -c 'import sys; from kn_runtime.serve.triton_stub import _stub_env as s; s(None)' \
     2>/dev/null || .venv/bin/kn-serve triton-stub-env >/dev/null
 # One pytest-xdist worker per core, at most 4: most tests are one Python thread, so two workers
 # fill CI's 2 cores (the CPU tests took 135 s on one worker, 68 s on two); each worker holds its

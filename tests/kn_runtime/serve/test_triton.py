@@ -15,6 +15,7 @@ import pytest
 
 from kn_runtime.serve import load_model
 from kn_runtime.serve import triton as kt
+from kn_runtime.serve import triton_stub as tstub
 from tests.kn_runtime.serve.triton_support import (
     ATOL,
     RTOL,
@@ -178,16 +179,16 @@ def test_sizes_only_kyanite_checks_come_back_with_its_message(server, protocol) 
 
 def test_bind_refuses_a_server_whose_stub_would_read_zeros(monkeypatch) -> None:
     """Under NumPy 2 only a server `start` started (its stub on NumPy 1) is accepted."""
-    monkeypatch.setattr(kt, "_numpy2", lambda: True)
+    monkeypatch.setattr(tstub, "_numpy2", lambda: True)
     with pytest.raises(kt.TritonUnavailableError, match="zeros"):
         kt.bind(object(), load_model(TINY))
 
 
 def test_a_missing_stub_environment_says_how_to_make_one(monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(kt, "_numpy2", lambda: True)
+    monkeypatch.setattr(tstub, "_numpy2", lambda: True)
     monkeypatch.delenv(kt.STUB_ENV_VAR, raising=False)
     with pytest.raises(kt.TritonUnavailableError) as e:
-        kt._stub_env(tmp_path / "none")
+        tstub._stub_env(tmp_path / "none")
     assert "kn-serve triton-stub-env" in str(e.value)
     assert "numpy<2" in str(e.value)
 
