@@ -35,6 +35,9 @@ def build_parser() -> OneLineParser:
     ap.add_argument("--grpc-port", type=int, default=8001, help="Triton's gRPC port (8001)")
     ap.add_argument("--replicas", type=int, default=1, help="Ray: replicas (default 1)")
     ap.add_argument("--address", default=None, help="Ray: a running cluster (default: local)")
+    ap.add_argument(
+        "--host", default="127.0.0.1", help="Ray: where HTTP listens (0.0.0.0: every interface)"
+    )
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per replica (1)")
     ap.add_argument("--max-batch-size", type=int, default=16, help="dynamic batching cap (16)")
     ap.add_argument(
@@ -68,6 +71,9 @@ def build_generate_parser() -> OneLineParser:
     ap.add_argument("--engine", choices=["ray"], default="ray")
     ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     ap.add_argument("--address", default=None, help="Ray: a running cluster (default: local)")
+    ap.add_argument(
+        "--host", default="127.0.0.1", help="Ray: where HTTP listens (0.0.0.0: every interface)"
+    )
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads (1)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
     return ap
@@ -95,7 +101,12 @@ def run(argv: list[str]) -> None:
         from kn_runtime.serve.ray_generation import serve_generation_forever
 
         serve_generation_forever(
-            gen.folder, port=gen.port, threads=gen.threads, address=gen.address, device=gen.device
+            gen.folder,
+            port=gen.port,
+            threads=gen.threads,
+            address=gen.address,
+            device=gen.device,
+            host=gen.host,
         )
         return
     if argv and argv[0] == EXPORT:
@@ -133,6 +144,7 @@ def run(argv: list[str]) -> None:
             batch_wait_timeout_s=wait_s,
             address=args.address,
             device=args.device,
+            host=args.host,
         )
     else:
         from kn_runtime.serve.triton import serve_forever as triton_forever
