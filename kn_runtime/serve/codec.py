@@ -43,6 +43,7 @@ __all__ = [
     "encode_error",
     "encode_response",
     "http_status",
+    "json_object",
 ]
 
 MAX_BODY_BYTES = 64 << 20
@@ -125,13 +126,20 @@ def _load_npy(body: bytes) -> np.ndarray:
     return a
 
 
-def _from_json(body: bytes, model: BatchedModel) -> dict[str, np.ndarray]:
+def json_object(body: bytes, shape: str = "an object") -> dict[str, Any]:
+    """The JSON object in a body, or a RequestError (400): not JSON, or not an object (`shape`
+    says what one looks like in the message)."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"malformed JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise RequestError(f"JSON body: expected an object, found {type(doc).__name__}")
+        raise RequestError(f"JSON body: expected {shape}, found {type(doc).__name__}")
+    return doc
+
+
+def _from_json(body: bytes, model: BatchedModel) -> dict[str, np.ndarray]:
+    doc = json_object(body)
     dtypes = {s.name: s.dtype for s in model.inputs}
     wrapped = "inputs" in doc and "inputs" not in dtypes  # else a bare map with an input "inputs"
     inputs = doc["inputs"] if wrapped else doc

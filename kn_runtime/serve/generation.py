@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kn_graph.errors import RequestError
+from kn_runtime.serve.codec import json_object
 
 if TYPE_CHECKING:
     from kn_runtime.generate.generator import GenerationStream, Generator
@@ -84,13 +85,7 @@ def parse_request(body: bytes) -> GenerationRequest:
     `top_k` >= 0, `top_p` in (0, 1], `repetition_penalty` > 0, `seed` >= 0, `stop` a string or
     a list of strings, `stream` a boolean). Checked here, so a bad request is answered before
     any generation starts."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(f"the body is not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise RequestError(f'expected a JSON object {{"prompt": ...}}, found {type(doc).__name__}')
-    return check_request(doc)
+    return check_request(json_object(body, 'an object {"prompt": ...}'))
 
 
 def check_request(doc: dict[str, Any]) -> GenerationRequest:

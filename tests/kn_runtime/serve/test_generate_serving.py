@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import urllib.error
@@ -21,6 +20,7 @@ import pytest
 from kn_graph.errors import RequestError
 from kn_runtime.generate.generator import Generator, load_generator
 from kn_runtime.serve.generation import parse_request
+from tests.kn_runtime.serve.support import free_ports
 
 try:
     import ray
@@ -35,12 +35,6 @@ ROOT = Path(__file__).resolve().parents[3]
 HTTP_TIMEOUT_S = 60.0
 TOKENS = 24
 PROMPTS = ("Once upon a time", "The quick brown fox", "kyanite")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +68,7 @@ def url() -> Iterator[str]:
             _temp_dir=str(tmp / "ray"),
             object_store_memory=80 << 20,
         )
-        port = _free_port()
+        port = free_ports(1)[0]
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(generation_deployment(name="gen"), name="gen", route_prefix="/gen")
         yield f"http://127.0.0.1:{port}/gen"
@@ -169,7 +163,7 @@ def test_two_concurrent_streams_are_both_right(url: str, reference: Generator) -
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        (b"{not json", "not JSON"),
+        (b"{not json", "malformed JSON"),
         (b'{"prompt": "a", "max_tokens": 3}', "max_tokens"),
         (b'{"prompt": "a", "max_new_tokens": -1}', "max_new_tokens"),
     ],
@@ -193,7 +187,7 @@ def test_metadata_names_the_model(url: str) -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b"[1]", "JSON object"),
+        (b"[1]", "expected an object"),
         (b'{"max_new_tokens": 3}', "prompt"),
         (b'{"prompt": "a", "top_p": 0}', "top_p"),
         (b'{"prompt": "a", "temperature": -0.5}', "temperature"),

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from kn_graph.errors import ArgumentValueError, KnError
 from kn_graph.onnx import load_onnx
 from kn_runtime import Device
 from kn_runtime.serve.ray_serve import RayServeUnavailableError, deployment
+from tests.kn_runtime.serve.support import free_ports
 
 try:
     import ray
@@ -54,12 +54,6 @@ START_TIMEOUT_S = 120.0
 HTTP_TIMEOUT_S = 60.0
 MAX_BODY = 1 << 20
 NPY = "application/x-npy"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(what: str, ready: Callable[[], bool], timeout_s: float = START_TIMEOUT_S) -> None:
@@ -86,7 +80,7 @@ def _ray_start(args: list[str], log: Path, auth: dict[str, str]) -> subprocess.P
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"  # SIGTERM ends the node at once
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus", "1"]
     cmd += ["--resources", json.dumps({"kn_slot": 1}), "--object-store-memory", str(80 << 20)]
-    cmd += ["--dashboard-agent-listen-port", str(_free_port()), "--disable-usage-stats"]
+    cmd += ["--dashboard-agent-listen-port", str(free_ports(1)[0]), "--disable-usage-stats"]
     with log.open("wb") as out:
         return subprocess.Popen(
             cmd + args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -140,7 +134,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # a short private temp dir: Unix socket paths must stay under 108 bytes
     tmp = Path(f"/tmp/kn-ray-{os.getpid()}")
     logs = tmp_path_factory.mktemp("ray")
-    port = _free_port()
+    port = free_ports(1)[0]
     address = f"127.0.0.1:{port}"
     procs: list[subprocess.Popen[bytes]] = []
     pids: list[int] = []
@@ -152,8 +146,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     os.environ.update(auth)
     try:
         head_args = ["--head", "--port", str(port), "--temp-dir", str(tmp)]
-        head_args += ["--include-dashboard", "false", "--dashboard-port", str(_free_port())]
-        head_args += ["--ray-client-server-port", str(_free_port())]
+        head_args += ["--include-dashboard", "false", "--dashboard-port", str(free_ports(1)[0])]
+        head_args += ["--ray-client-server-port", str(free_ports(1)[0])]
         procs.append(_ray_start(head_args, logs / "head.log", auth))
         _wait("head node", lambda: _started(procs[0], logs / "head.log"))
         procs.append(_ray_start(["--address", address], logs / "worker.log", auth))
@@ -161,7 +155,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         ray.init(address=address, log_to_driver=False)
         _wait("two nodes", lambda: sum(n["Alive"] for n in ray.nodes()) == 2)
         node_ids = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        http_port = _free_port()
+        http_port = free_ports(1)[0]
         # one proxy: two proxies on one machine would share one port
         serve.start(
             http_options={"host": "127.0.0.1", "port": http_port}, proxy_location="HeadOnly"
@@ -309,7 +303,7 @@ def test_kn_serve_cli_serves_until_ctrl_c(
     serves on the port, and on Ctrl-C shuts Serve and Ray down and exits with 130."""
     if ray is None:
         pytest.skip(NO_RAY)
-    port = _free_port()
+    port = free_ports(1)[0]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     # its own Ray (not the module's cluster, not /tmp/ray), in a short path: Unix socket paths

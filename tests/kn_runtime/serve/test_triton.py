@@ -16,7 +16,7 @@ import pytest
 from kn_runtime.serve import load_model
 from kn_runtime.serve import triton as kt
 from kn_runtime.serve import triton_stub as tstub
-from tests.kn_runtime.serve.triton_support import (
+from tests.kn_runtime.serve.support import (
     ATOL,
     RTOL,
     TINY,

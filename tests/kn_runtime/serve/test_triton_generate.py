@@ -14,7 +14,7 @@ import pytest
 
 from kn_runtime.generate.generator import Generator, load_generator
 from kn_runtime.serve import triton as kt
-from tests.kn_runtime.serve.triton_support import free_ports
+from tests.kn_runtime.serve.support import free_ports
 
 pytestmark = [
     pytest.mark.skipif(

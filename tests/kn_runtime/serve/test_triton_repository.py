@@ -20,7 +20,7 @@ from kn_graph.errors import ArgumentValueError
 from kn_runtime.serve import load_model
 from kn_runtime.serve.repository import config_text, write_repository
 from kn_runtime.serve.triton import launch_repository
-from tests.kn_runtime.serve.triton_support import (
+from tests.kn_runtime.serve.support import (
     ATOL,
     RTOL,
     TINY,

@@ -1,4 +1,4 @@
-"""What the Triton tests share: free ports, a tiny two-input model whose sizes Triton cannot
+"""What the serving tests share: free ports, a tiny two-input model whose sizes Triton cannot
 check (both inputs `[batch, width]`, width symbolic), the reference answers."""
 
 from __future__ import annotations
