@@ -5,6 +5,7 @@ answers."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -214,3 +215,22 @@ def test_onnxruntime_behind_the_same_batching(alone) -> None:
     requests = [_images(rng, 2), _images(rng, 1)]
     for request, answer in zip(requests, model.run_batch(requests), strict=True):
         np.testing.assert_allclose(answer["logits"], alone.eval(request)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_nan_and_infinity_stay_in_their_own_request(tiny: BatchedModel, alone) -> None:
+    """Non-finite inputs in one request: its answer equals evaluating it alone (NaN where that
+    gives NaN), and the request batched beside it is untouched."""
+    from kn_runtime.serve import codec
+
+    rng = np.random.default_rng(9)
+    bad = _images(rng, 1)
+    bad["input"][0, 0, :2, :2] = [[np.nan, np.inf], [-np.inf, 0.0]]
+    good = _images(rng, 2)
+    body, ctype = codec.encode_response(bad, None, "application/json")  # NaN survives JSON
+    doc = {"inputs": {"input": json.loads(body)["outputs"]["input"]}}
+    back = codec.decode_request(json.dumps(doc).encode(), ctype, tiny)
+    answers = tiny.run_batch([back, good])
+    want_bad, want_good = alone.eval(bad)[0], alone.eval(good)[0]
+    np.testing.assert_array_equal(np.isnan(answers[0]["logits"]), np.isnan(want_bad))
+    np.testing.assert_allclose(answers[0]["logits"], want_bad, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(answers[1]["logits"], want_good, rtol=RTOL, atol=ATOL)
