@@ -25,4 +25,8 @@ PY=${PYTHON:-python3}
 # fill CI's 2 cores (the CPU tests took 135 s on one worker, 68 s on two); each worker holds its
 # own models and caches, hence the cap. KN_TEST_WORKERS=0 runs everything in-process.
 WORKERS=${KN_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
+# The workers share the cores: the passive wait policy (threads sleep after a region), not the
+# spinning one auto may pick when a worker starts beside an idle one (test_wait_policy.py runs
+# the active policy in processes of its own)
+export KN_CPU_WAIT=${KN_CPU_WAIT:-passive}
 exec .venv/bin/python -m pytest -q -n "$WORKERS" --dist loadgroup "$@"  # xdist_group: one worker per engine

@@ -34,6 +34,7 @@ from kn_cuda_eval.codegen.cache import cache_dir, numbered
 from kn_graph.errors import KernelCompileError
 
 __all__ = [
+    "ACTIVE_SPIN_NS",
     "ASSUMED_PAUSE_NS",
     "BASE_FLAGS",
     "GOMP_SPIN_NS",
@@ -43,6 +44,7 @@ __all__ = [
     "flags",
     "load_library",
     "load_source",
+    "omp_pool",
     "pool",
     "prelude",
 ]
@@ -155,11 +157,24 @@ def load_library(sources: Sequence[str]) -> ctypes.CDLL:
     log and the numbered source when the compiler rejects one."""
     lib = _load(sources, flags())
     bind = getattr(lib, "kn_bind_pool", None)
-    tp = pool() if bind is not None else None
-    if bind is not None and tp is not None:
+    points = _bound_pool() if bind is not None else None
+    if bind is not None and points is not None:
         bind.restype, bind.argtypes = None, [ctypes.c_void_p] * 4
-        bind(*tp.entry_points)
+        bind(*points)
     return lib
+
+
+def _bound_pool() -> tuple[int, int, int, int] | None:
+    """The entry points plan libraries are bound to: OpenMP's team under the active wait policy
+    (`omp_pool`), else the process's pool."""
+    from kn_cuda_eval.cpu.runtime import wait_policy
+
+    if wait_policy() == "active":
+        points = omp_pool()
+        if points is not None:
+            return points
+    tp = pool()
+    return tp.entry_points if tp is not None else None
 
 
 def load_source(name: str) -> ctypes.CDLL:
@@ -213,9 +228,9 @@ def _run(cc: str, args: list[str], source: str, fl: Sequence[str]) -> None:
 
 
 GOMP_SPIN_NS = 0
-"""How long libgomp's threads (oneDNN's team) spin after a region before they sleep; the
-executor sets `GOMP_SPINCOUNT` to the pauses that take this long on this CPU (`Pool.spins`).
-None: measured on the stand-ins beside the pool (2 threads, a shared 2-core EPYC, load 2-9),
+"""How long libgomp's threads (oneDNN's team) spin after a region before they sleep under the
+passive wait policy (`runtime.wait_policy`); the executor sets `GOMP_SPINCOUNT` to the pauses
+that take this long on this CPU (`Pool.spins`). None: measured on the stand-ins beside the pool (2 threads, a shared 2-core EPYC, load 2-9),
 every microsecond of it costs: the ResNet-18 stand-in 0.9-1.0 ms at 0, 1.0-1.2 at 5 µs, 1.3
 at 8 µs, 2.3-2.5 at 30 µs, 6.4 at 130 µs (MobileNetV2 1.5-1.7 / 2.0-2.2 / - / 4.6 / -; BERT
 0.8-0.9 / 0.8-0.9 / 1.0 / 1.5 / 4.0). On a loaded machine the worker a spinning thread waits
@@ -223,6 +238,13 @@ for is queued on the spinner's own core, so the spin is on the critical path of 
 the C steps no longer need the team (the pool spins for them), and oneDNN's regions are long
 enough in real-size models that a futex wake-up (~20 µs here) is a few percent. On an idle
 machine a 20000-pause spin halves a 17 µs region (`GOMP_SPINCOUNT` overrides this)."""
+
+ACTIVE_SPIN_NS = 2_000_000
+"""How long libgomp's threads spin after a region before they sleep under the active wait policy
+(an idle machine: `runtime.wait_policy`), where they also run the C steps (`omp_pool`): long
+enough to bridge the gaps between the regions of one evaluation, short enough that a process
+between evaluations gives its cores back within milliseconds (libgomp's own default is 300000
+pauses, 8 ms on an AMD EPYC)."""
 
 ASSUMED_PAUSE_NS = 30.0
 """The pause latency `GOMP_SPIN_NS` is converted with where it cannot be timed (no compiler):
@@ -248,10 +270,7 @@ class Pool:
     @property
     def entry_points(self) -> tuple[int, int, int, int]:
         """Addresses of kn_pool_run, kn_pool_next, kn_pool_park and kn_pool_threads."""
-        names = ("kn_pool_run", "kn_pool_next", "kn_pool_park", "kn_pool_threads")
-        return tuple(  # type: ignore[return-value]
-            ctypes.cast(getattr(self.lib, n), ctypes.c_void_p).value for n in names
-        )
+        return _entry_points(self.lib, "kn_pool_")
 
     def workers(self) -> int:
         """Worker threads started so far (the calling threads of jobs come on top)."""
@@ -286,3 +305,28 @@ def pool() -> Pool | None:
     p = Pool(lib, max(0.1, float(lib.kn_pool_pause_ns())))
     lib.kn_pool_set_spin(p.spins(POOL_SPIN_NS))
     return p
+
+
+def _entry_points(lib: ctypes.CDLL, prefix: str) -> tuple[int, int, int, int]:
+    names = ("run", "next", "park", "threads")
+    return tuple(  # type: ignore[return-value]
+        ctypes.cast(getattr(lib, prefix + n), ctypes.c_void_p).value for n in names
+    )
+
+
+@functools.cache
+def omp_pool() -> tuple[int, int, int, int] | None:
+    """Entry points (run, next, park, threads) that run the C steps' parallel loops on OpenMP's
+    team (`ompool.c`), the one oneDNN runs on, for the active wait policy; None without OpenMP
+    or a compiler. Loading it loads libgomp: only once the policy has set GOMP_SPINCOUNT."""
+    if compiler() is None or "-fopenmp" not in flags():
+        return None
+    src = resources.files("kn_cuda_eval.cpu").joinpath("ompool.c").read_text()
+    try:
+        lib = _load(
+            ["#define _GNU_SOURCE\n#define KN_POOL_SOURCE\n" + prelude() + "\n" + src], flags()
+        )
+    except KernelCompileError as e:
+        log.warning("the OpenMP pool does not build: C steps use the process's pool (%s)", e)
+        return None
+    return _entry_points(lib, "kn_omp_")

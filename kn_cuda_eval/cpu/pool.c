@@ -28,8 +28,6 @@
 
 #define KN_CLOSED 0xffffffffu
 #define KN_MAX_WORKERS 1023
-#define KN_CHUNKS_PER_THREAD 4  // chunks per participating thread: balance against claim costs
-#define KN_CHUNK_WORK 16384     // the least work (csource's weight units) worth a chunk of its own
 
 #define KN_LOAD(x, mo) __atomic_load_n(&(x), __ATOMIC_##mo)
 #define KN_STORE(x, v, mo) __atomic_store_n(&(x), (v), __ATOMIC_##mo)
@@ -212,11 +210,7 @@ void kn_pool_run(kn_body fn, char* base, const long long* p, const double* f, lo
         if (P.workers < threads - 1) kn_grow(threads - 1);
         const int allowed = P.workers < threads - 1 ? P.workers : threads - 1;
         if (allowed > 0) {
-            long long want = work / KN_CHUNK_WORK;
-            const long long most = (long long)(allowed + 1) * KN_CHUNKS_PER_THREAD;
-            want = want < allowed + 1 ? allowed + 1 : (want > most ? most : want);
-            want = want < n ? want : n;
-            const long long cs = (n + want - 1) / want;
+            const long long cs = kn_chunk_units(n, work, allowed + 1);
             const unsigned int nchunks = (unsigned int)((n + cs - 1) / cs);
             const unsigned long long e = (KN_LOAD(P.claim, RELAXED) >> 32) + 1;
             KN_STORE(P.claim, (e << 32) | KN_CLOSED, RELAXED);

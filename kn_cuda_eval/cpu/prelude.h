@@ -212,6 +212,22 @@ typedef struct kn_task {
 } kn_task;
 typedef void (*kn_body)(kn_task*, char*, const long long*, const double*);
 
+#ifdef KN_POOL_SOURCE
+#define KN_CHUNKS_PER_THREAD 4  // chunks per participating thread: balance against claim costs
+#define KN_CHUNK_WORK 16384     // the least work (csource's weight units) worth a chunk of its own
+
+// Units per chunk of a job of n units and `work` weight on `threads` threads (the caller's
+// included): one chunk per KN_CHUNK_WORK of work, at least one per thread, at most
+// KN_CHUNKS_PER_THREAD per thread (pool.c and ompool.c split jobs alike).
+static inline long long kn_chunk_units(long long n, long long work, int threads) {
+    long long want = work / KN_CHUNK_WORK;
+    const long long most = (long long)threads * KN_CHUNKS_PER_THREAD;
+    want = want < threads ? threads : (want > most ? most : want);
+    want = want < n ? want : n;
+    return (n + want - 1) / want;
+}
+#endif
+
 #ifndef KN_POOL_SOURCE
 #ifndef KN_PAR_WORK
 #define KN_PAR_WORK 65536
