@@ -239,12 +239,14 @@ the C steps no longer need the team (the pool spins for them), and oneDNN's regi
 enough in real-size models that a futex wake-up (~20 µs here) is a few percent. On an idle
 machine a 20000-pause spin halves a 17 µs region (`GOMP_SPINCOUNT` overrides this)."""
 
-ACTIVE_SPIN_NS = 2_000_000
+ACTIVE_SPIN_NS = 200_000
 """How long libgomp's threads spin after a region before they sleep under the active wait policy
 (an idle machine: `runtime.wait_policy`), where they also run the C steps (`omp_pool`): long
 enough to bridge the gaps between the regions of one evaluation, short enough that a process
-between evaluations gives its cores back within milliseconds (libgomp's own default is 300000
-pauses, 8 ms on an AMD EPYC)."""
+between evaluations gives its cores back at once. On the shipped corpus (2-core AVX-512 VM, 2
+threads) 200 µs and 2 ms gave the same geomean against onnxruntime (0.98 each; 50 µs: ResNet-50
+1.16 instead of 1.03), and the int8 OCR model whose convolutions fall back to BLAS ran 62 ms at
+200 µs against 129 at 2 ms; libgomp's own default is 300000 pauses (8 ms on an AMD EPYC)."""
 
 ASSUMED_PAUSE_NS = 30.0
 """The pause latency `GOMP_SPIN_NS` is converted with where it cannot be timed (no compiler):

@@ -49,7 +49,7 @@ def wait_policy(threads: int | None = None) -> str:
       parallel loops run on that same OpenMP team (`build.omp_pool`), so every region of an
       evaluation, oneDNN's or ours, finds its threads awake. On an idle VM each wake-up of a
       halted core costs tens of microseconds, twice a region: a ResNet-50 on 2 threads took
-      37-42 ms passive against 24 active (onnxruntime, whose pool spins: 21).
+      37-42 ms passive against 21-24 active (onnxruntime, whose pool spins: 20-23).
     - "passive": libgomp's threads sleep at once (`build.GOMP_SPIN_NS`) and the C steps run on
       the process's pool (`build.pool`, a short spin of its own). On a loaded machine a spinning
       thread holds the core the thread it waits for is queued on: with libgomp's default spin
