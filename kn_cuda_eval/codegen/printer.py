@@ -43,7 +43,7 @@ def print_program(
     dts: list[DType] = []
     bounds: list[tuple[float, float]] = []  # each value lies within, or is NaN
     for k, ins in enumerate(prog.instrs):
-        b = _ANY
+        rng = _ANY
         match ins:
             case Load(arg, dt):
                 e = exprs.load(dt, load_ref(arg))
@@ -52,7 +52,7 @@ def print_program(
             case Const(value, dt):
                 e = exprs.literal(value, dt)
                 if dt.is_float and not math.isnan(float(value)):
-                    b = (float(value), float(value))
+                    rng = (float(value), float(value))
             case Un(UnaryOp.CAST, x, dt) if dts[x].is_float and dt.is_int and dt is not DType.BOOL:
                 info = np.iinfo(dt.np)
                 fits = info.min <= bounds[x][0] and bounds[x][1] <= info.max
@@ -62,16 +62,16 @@ def print_program(
             case Bin(op, a, c, dt):
                 e = exprs.binary(op, names[a], names[c], dts[a], dt)
                 if dt.is_float and op is BinaryOp.MIN:
-                    b = (min(bounds[a][0], bounds[c][0]), min(bounds[a][1], bounds[c][1]))
+                    rng = (min(bounds[a][0], bounds[c][0]), min(bounds[a][1], bounds[c][1]))
                 elif dt.is_float and op is BinaryOp.MAX:
-                    b = (max(bounds[a][0], bounds[c][0]), max(bounds[a][1], bounds[c][1]))
+                    rng = (max(bounds[a][0], bounds[c][0]), max(bounds[a][1], bounds[c][1]))
             case Sel(c, a, b):
                 e = f"({names[c]} ? {names[a]} : {names[b]})"
         name = f"{prefix}{k}"
         w.line(f"const {exprs.compute_ctype(ins.dtype)} {name} = {e};")
         names.append(name)
         dts.append(ins.dtype)
-        bounds.append(b)
+        bounds.append(rng)
     return names
 
 

@@ -16,6 +16,7 @@ from kn_cuda_eval import plan
 from kn_cuda_eval.cpu.executor import HostExecutor
 from kn_cuda_eval.cuda.hostcheck import check_plan, unavailable
 from kn_graph import DType, Graph, Shape
+from kn_graph.ops import BinaryOp
 from kn_graph.reference import evaluate
 from kn_runtime import Device
 from tests.kn_cuda_eval.helpers import compile_all
@@ -44,6 +45,9 @@ def _graph(n: int) -> Graph:
         g.add_output(g.cast(g.minimum(g.maximum(x, lo), hi), dt), f"{dt.name}_{lo:g}_{hi:g}")
     x = g.input(Shape.of(n), DType.F32, "x")
     g.add_output(g.cast(g.add(x, 0.5), DType.U8), "unclamped")
+    # a select inside the program, clamped after (the bounds follow every instruction kind)
+    s = g.select(g.binary(BinaryOp.GT, x, 0.0), g.mul(x, 2.0), g.neg(x))
+    g.add_output(g.cast(g.minimum(g.maximum(s, -3.0), 90.0), DType.I8), "selected")
     return g
 
 
@@ -69,7 +73,7 @@ def test_values_match_the_reference_on_the_cpu_backend(n: int) -> None:
 def test_the_short_form_is_printed_only_where_the_clamp_fits() -> None:
     ex = HostExecutor(plan(_graph(64)), threads=1)
     src = "\n".join(c.kernel.source for c in ex.calls if c is not None)
-    short = sum(1 for _, _, _, s in _CASES if s)
+    short = sum(1 for _, _, _, s in _CASES if s) + 1  # and the select's
     assert len(re.findall(r"\)\(int\)\((v\d+) != \1 \? 0\.0f : \1\)\)", src)) == short, src
     assert src.count("!= v") >= len(_CASES) + 1  # NaN → 0 in every cast, short or not
 
