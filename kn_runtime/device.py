@@ -136,11 +136,13 @@ class Device:
         if not self.fast:
             return OptimizerSettings()
         from kn_cuda_eval.cpu import onednn
-        from kn_cuda_eval.cpu.runtime import onednn_usable
+        from kn_cuda_eval.cpu.runtime import onednn_usable, wait_policy
 
+        wait_policy(self.threads)  # chosen for this device's threads, before oneDNN loads
         if not onednn_usable() or not onednn.conv_enabled():  # (onednn_usable first: it sets
             return OptimizerSettings()  # libgomp's spin count before oneDNN loads it)
-        return OptimizerSettings(fuse_qdq=True, qdq_weight_bits=8 if onednn.has_vnni() else 7)
+        bits = 8 if onednn.has_vnni() else 7
+        return OptimizerSettings(fuse_qdq=True, qdq_weight_bits=bits, split_int_weights=True)
 
     def _backend(self, settings: Any) -> Backend:
         """What runs a pure graph at one binding on this device (`kn_runtime.backend`)."""

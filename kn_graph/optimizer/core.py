@@ -87,6 +87,10 @@ class OptimizerSettings:
     qdq_weight_bits: int = 8
     """With `fuse_qdq`: fuse only where the shifted constant weights stay within ±2^(bits-1)
     (7: ±64, for int8 kernels that are exact only with such weights)."""
+    split_int_weights: bool = False
+    """An integer convolution whose constant weights minus their zero point do not fit
+    `qdq_weight_bits` becomes two that do (`kn_graph.optimizer.intweights`). Off by default: a
+    device whose int8 convolutions take only signed 8-bit weights turns it on."""
     max_rounds: int = 4
     """Rebuild rounds until the value count stops shrinking."""
 

@@ -1,0 +1,125 @@
+"""ConvInteger and MatMulInteger with uint8 weights over their whole range and a zero point
+inside it (onnxruntime's early `quantize_dynamic`), whose shifted weights do not fit int8: the
+optimizer splits each into an int8 step and a window / row sum (`optimizer.intweights`), so that
+oneDNN's int8 kernels run it where they are exact (VNNI) instead of the emulator's float64 step.
+Int32 outputs, so every result must equal onnxruntime's and the reference's exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from kn_cuda_eval.cpu import onednn
+from kn_graph import DType, Graph, Shape
+from kn_graph.onnx import load_onnx
+from kn_graph.ops import IntConv, IntMatMul
+from kn_graph.optimizer import OptimizerSettings, optimize
+from kn_graph.reference import evaluate
+from kn_runtime import Device
+
+RNG = np.random.default_rng(23)
+
+
+def _conv_model(c: int, k: int, groups: int, per_channel: bool) -> onnx.ModelProto:
+    w = RNG.integers(0, 256, (k, c // groups, 3, 3)).astype(np.uint8)
+    w.reshape(-1)[:2] = (0, 255)
+    zw = RNG.integers(90, 180, k if per_channel else ()).astype(np.uint8)
+    node = helper.make_node(
+        "ConvInteger", ["x", "w", "zx", "zw"], ["y"], pads=[1, 1, 1, 1], strides=[2, 1],
+        group=groups,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "conv_integer",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [2, c, 9, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array(37, np.uint8), "zx"),
+            numpy_helper.from_array(zw, "zw"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _matmul_model(k: int, n: int, per_column: bool) -> onnx.ModelProto:
+    b = RNG.integers(0, 256, (k, n)).astype(np.uint8)
+    b.reshape(-1)[:2] = (0, 255)
+    zb = RNG.integers(90, 180, n if per_column else ()).astype(np.uint8)
+    node = helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "matmul_integer",
+        [
+            helper.make_tensor_value_info("a", TensorProto.UINT8, ["s", 5, k]),
+            helper.make_tensor_value_info("za", TensorProto.UINT8, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(zb, "zb")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _ort(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, feed)[0]
+
+
+def _split_fires(g: Graph, op: type) -> bool:
+    """Whether the device's optimizer split the step (two integer steps where there was one)."""
+    before = sum(isinstance(g[v].op, op) for v in g.values())
+    o = optimize(g, Device.cpu().optimizer_settings())
+    return sum(isinstance(o[v].op, op) for v in o.values()) == 2 * before
+
+
+@pytest.mark.parametrize(("c", "k", "groups"), [(5, 7, 1), (6, 9, 3), (8, 8, 8)])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_conv_integer_with_full_range_uint8_weights(
+    c: int, k: int, groups: int, per_channel: bool
+) -> None:
+    """Against onnxruntime per tensor; per filter (which onnxruntime's ConvInteger refuses:
+    "Non per-tensor quantization is not supported") against the reference executor."""
+    model = _conv_model(c, k, groups, per_channel)
+    x = RNG.integers(0, 256, (2, c, 9, 7)).astype(np.uint8)
+    g = load_onnx(model)
+    want = evaluate(g, [x])[0]
+    if not per_channel:
+        assert np.array_equal(_ort(model, {"x": x}), want)
+    (got,) = Device.cpu(threads=2).prepare(g).eval([x])
+    assert got.dtype == np.int32 and np.array_equal(got, want)
+    # VNNI: every u8 weight minus 128 is an exact int8 weight; without it only 7-bit ones are
+    assert _split_fires(g, IntConv) == (onednn.available() is None and onednn.has_vnni())
+
+
+@pytest.mark.parametrize("per_column", [False, True])
+def test_matmul_integer_with_full_range_uint8_weights(per_column: bool) -> None:
+    model = _matmul_model(70, 33, per_column)
+    a = RNG.integers(0, 256, (3, 5, 70)).astype(np.uint8)
+    za = np.array(201, np.uint8)
+    want = _ort(model, {"a": a, "za": za})
+    g = load_onnx(model)
+    (got,) = Device.cpu(threads=2).prepare(g).eval([a, za])
+    assert got.dtype == np.int32 and np.array_equal(got, want)
+    assert _split_fires(g, IntMatMul) == (onednn.available() is None and onednn.has_vnni())
+
+
+@pytest.mark.parametrize("bits", [7, 8])
+def test_the_split_graph_computes_the_same_integers(bits: int) -> None:
+    """On the reference executor, whatever the machine: the rewrite is exact where it fires
+    (8 bits), and does not fire where the int8 weights would not fit either (7 bits)."""
+    g = Graph()
+    x = g.input(Shape.of(2, 4, 6, 6), DType.U8, "x")
+    w = RNG.integers(0, 256, (6, 4, 3, 3)).astype(np.uint8)
+    y = g.int_conv(
+        x, g.constant(w), g.scalar(250, DType.U8), g.constant(np.full(6, 100, np.uint8)),
+        [1, 1], [1, 1], [1, 1], 1,
+    )  # fmt: skip
+    g.add_output(y, "y")
+    feed = [RNG.integers(0, 256, (2, 4, 6, 6)).astype(np.uint8)]
+    o = optimize(g, OptimizerSettings(split_int_weights=True, qdq_weight_bits=bits))
+    convs = sum(isinstance(o[v].op, IntConv) for v in o.values())
+    assert convs == (2 if bits == 8 else 1)
+    assert np.array_equal(evaluate(o, feed)[0], evaluate(g, feed)[0])
