@@ -2,7 +2,7 @@
 each package's preprocessing feeds them, on the fast CPU backend against onnxruntime.
 
     .venv/bin/python benchmarks/shipped_models.py [-k NAME ...] [--domain D ...] [--threads 2]
-        [--runs 10] [--warmup 2] [--budget 4] [--no-speed] [--json PATH]
+        [--runs 10] [--warmup 2] [--budget 4] [--no-speed] [--json PATH] [--profile N]
 
 Per model (specs in `benchmarks/shipped/specs_pypi.py` and `specs_npm.py`): the package archive
 is downloaded into a cache outside the repository on first use (`shipped/fetch.py`); inputs come
@@ -18,7 +18,8 @@ model's timing takes about `--budget` seconds (3 at least), so big models cost f
 
 Status: ok, mismatch, fetch failed, ort error (the spec's feeds are wrong), load error (load_onnx,
 optimize or prepare raised), run error (an evaluation raised). Prints one line per model and a
-summary; `--json` writes every row. Writes nothing into the repository.
+summary; `--json` writes every row; `--profile N` then prints the profile of the N slowest
+against onnxruntime. Writes nothing into the repository.
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--pause", type=float, default=0.05, help="seconds before each timed call")
     ap.add_argument("--no-speed", action="store_true", help="agreement only, no timing")
     ap.add_argument("--json", type=Path, help="write every row to this file")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then profile the N models slowest against onnxruntime (`PreparedGraph.profile`)",
+    )
     return ap.parse_args()
 
 
@@ -216,6 +224,17 @@ def run_model(spec: Spec) -> Row:
     return row
 
 
+def profile(spec: Spec, runs: int = 5) -> str:
+    """The profile of `spec`'s model at its feeds whose device time is the median of `runs`
+    (after a warm-up call), its 8 most expensive calls and its totals per kind."""
+    path = model_file(spec)
+    feeds = spec.feeds(onnx.load(str(path), load_external_data=False), np.random.default_rng(0))
+    prepared = ours_prepared(path)
+    prepared.eval(feeds)
+    profiles = sorted((prepared.profile(feeds) for _ in range(runs)), key=lambda p: p.total_ms)
+    return profiles[runs // 2].table(top=8)
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
@@ -291,6 +310,9 @@ def main() -> int:
         tqdm.write(line(row))
         gc.collect()
     print(summary(rows), flush=True)
+    worst = sorted((r for r in rows if r.ratio is not None), key=lambda r: -(r.ratio or 0.0))
+    for r in worst[: ARGS.profile]:
+        print(f"\n## {r.name}: {r.ratio:.2f}x onnxruntime\n{profile(SPEC_BY_NAME[r.name])}")
     if ARGS.json:
         ARGS.json.write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
     return 0
