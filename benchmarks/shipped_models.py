@@ -9,8 +9,8 @@ is downloaded into a cache outside the repository on first use (`shipped/fetch.p
 from the spec's `feeds` with `np.random.default_rng(0)`; onnxruntime (CPU, intra-op = threads,
 inter-op 1, ORT_ENABLE_ALL) is the oracle; ours is `load_onnx` and `Device.cpu(threads).prepare`
 (which optimizes with the device's settings, QDQ fused into integer steps), whose first
-evaluation (plan, compile, arena) is timed on its own as "prepare". An output agrees when max |ours - ort| <= atol + rtol * max |ort| (NaN where
-onnxruntime has NaN counts as equal); integer and bool outputs must be equal, their error is the
+evaluation (plan, compile, arena) is timed on its own as "prepare". An output agrees when
+max |ours - ort| <= atol + rtol * max |ort| (NaN where onnxruntime has NaN counts as equal); integer and bool outputs must be equal, their error is the
 fraction of elements that differ. Timing, as in `real_models.py`: ours and onnxruntime called in
 turn, `--pause` seconds before each call (a pool that spins after its run would take the cores
 of the next call), median of the runs after the warm-up rounds; the runs are capped so that a

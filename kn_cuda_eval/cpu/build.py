@@ -230,8 +230,8 @@ def _run(cc: str, args: list[str], source: str, fl: Sequence[str]) -> None:
 GOMP_SPIN_NS = 0
 """How long libgomp's threads (oneDNN's team) spin after a region before they sleep under the
 passive wait policy (`runtime.wait_policy`); the executor sets `GOMP_SPINCOUNT` to the pauses
-that take this long on this CPU (`Pool.spins`). None: measured on the stand-ins beside the pool (2 threads, a shared 2-core EPYC, load 2-9),
-every microsecond of it costs: the ResNet-18 stand-in 0.9-1.0 ms at 0, 1.0-1.2 at 5 µs, 1.3
+that take this long on this CPU (`Pool.spins`). None: measured on the stand-ins beside the pool
+(2 threads, a shared 2-core EPYC, load 2-9), every microsecond of it costs: the ResNet-18 stand-in 0.9-1.0 ms at 0, 1.0-1.2 at 5 µs, 1.3
 at 8 µs, 2.3-2.5 at 30 µs, 6.4 at 130 µs (MobileNetV2 1.5-1.7 / 2.0-2.2 / - / 4.6 / -; BERT
 0.8-0.9 / 0.8-0.9 / 1.0 / 1.5 / 4.0). On a loaded machine the worker a spinning thread waits
 for is queued on the spinner's own core, so the spin is on the critical path of every region;

@@ -1,6 +1,6 @@
-"""Process-wide setup the host executor needs before it builds anything: the thread count,
-the threads' wait policy (set before oneDNN loads libgomp), NumPy's BLAS threads, and whether oneDNN is
-usable here (one log line when it is not).
+"""Process-wide setup the host executor needs before it builds anything: the thread count, the
+threads' wait policy (set before oneDNN loads libgomp), NumPy's BLAS threads, and whether
+oneDNN is usable here (one log line when it is not).
 """
 
 from __future__ import annotations

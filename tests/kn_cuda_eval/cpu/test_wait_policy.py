@@ -2,8 +2,8 @@
 active policy (libgomp's team spins and also runs the C steps, `ompool.c`) and the passive one
 (the team sleeps at once, the C steps on `pool.c`), each in a fresh process because libgomp reads
 its spin count when it loads: bit-identical results to one thread at any thread count, two
-Python threads at once, a forked child, a convolution through oneDNN next to C steps; and the choice itself
-(what the user set wins; auto follows the idle cores)."""
+Python threads at once, a forked child, a convolution through oneDNN next to C steps; and the
+choice itself (what the user set wins; auto follows the idle cores)."""
 
 from __future__ import annotations
 
@@ -160,7 +160,9 @@ def test_the_choice(
     monkeypatch.setattr(runtime, "_idle_cores", lambda: idle)
     assert runtime._choose_policy(threads) == want
     spin_ns = build.ACTIVE_SPIN_NS if want == "active" else build.GOMP_SPIN_NS
-    assert int(os.environ["GOMP_SPINCOUNT"]) == build.pool().spins(spin_ns)  # type: ignore[union-attr]
+    tp = build.pool()
+    assert tp is not None
+    assert int(os.environ["GOMP_SPINCOUNT"]) == tp.spins(spin_ns)
 
 
 def test_a_users_libgomp_setting_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
