@@ -47,6 +47,7 @@ __all__ = [
     "omp_pool",
     "pool",
     "prelude",
+    "use_openmp_team",
 ]
 
 log = logging.getLogger(__name__)
@@ -164,12 +165,19 @@ def load_library(sources: Sequence[str]) -> ctypes.CDLL:
     return lib
 
 
+_ACTIVE: list[bool] = []  # the wait policy's choice (`use_openmp_team`), once made
+
+
+def use_openmp_team() -> None:
+    """Bind the plan libraries loaded from now on to OpenMP's team (`omp_pool`): the active wait
+    policy, chosen by `runtime.wait_policy` before the first executor compiles anything."""
+    _ACTIVE[:] = [True]
+
+
 def _bound_pool() -> tuple[int, int, int, int] | None:
     """The entry points plan libraries are bound to: OpenMP's team under the active wait policy
     (`omp_pool`), else the process's pool."""
-    from kn_cuda_eval.cpu.runtime import wait_policy
-
-    if wait_policy() == "active":
+    if _ACTIVE:
         points = omp_pool()
         if points is not None:
             return points

@@ -63,6 +63,8 @@ def wait_policy(threads: int | None = None) -> str:
     with _policy_lock:
         if not _policy:
             _policy.append(_choose_policy(threads))
+            if _policy[0] == "active":
+                build.use_openmp_team()
         return _policy[0]
 
 
