@@ -21,6 +21,7 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "--profile",
         action="store_true",
         help="print the time of every step (CPU backend and CUDA; a graph with data-dependent ops: "
-        "of every segment and host point)",
+        "of every segment and host point), of the median of 5 profiled evaluations",
     )
     ap.add_argument(
         "--no-check", action="store_true", help="on CUDA, skip the comparison with the CPU executor"
@@ -374,8 +375,17 @@ def _print_profile(device: Device, prepared: PreparedGraph, inputs: list[np.ndar
             "--device cpu or cuda)",
             file=sys.stderr,
         )
-    else:
-        print(prepared.profile(inputs))
+    else:  # one profiled evaluation can land on a descheduled core: the median of a few
+        runs = sorted((prepared.profile(inputs) for _ in range(PROFILE_RUNS)), key=_total_ms)
+        print(runs[len(runs) // 2])
+
+
+PROFILE_RUNS = 5
+"""Profiled evaluations of --profile; the one with the median total is printed."""
+
+
+def _total_ms(p: Any) -> float:
+    return float(p.total_ms)
 
 
 QUICK_RUNS = 5
