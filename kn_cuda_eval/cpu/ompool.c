@@ -51,8 +51,9 @@ int kn_omp_next(kn_task* t, long long* lo, long long* hi) {
 
 static void kn_after_fork(void) { kn_forked = 1; }
 
-// libgomp has no fork handler: a child's first region waits for threads that stayed in the
-// parent (it hangs), so in a child the C steps run on the calling thread, as with pool.c.
+// A forked child has none of the parent's threads, and its first region of ours hung in a test
+// (libgomp keeps the parent's team); in a child the C steps run on the calling thread, as with
+// pool.c.
 __attribute__((constructor)) static void kn_omp_init(void) { pthread_atfork(0, 0, kn_after_fork); }
 
 // Run `fn` over n units in chunks on this thread's OpenMP team, or all on this thread (one

@@ -55,7 +55,7 @@ def wait_policy(threads: int | None = None) -> str:
       thread holds the core the thread it waits for is queued on: with libgomp's default spin
       the GPT-2 fixture took 32 ms instead of 0.14 ms on 2 busy cores.
     - "auto" (the default, `KN_CPU_WAIT` chooses): active when the cores this process may use
-      have `threads` idle ones (the first executor's threads; /proc/stat over 20 ms), else
+      have `threads` idle ones (the first executor's threads; /proc/stat over 50 ms), else
       passive.
 
     A policy the user set for libgomp (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`) is kept, and so is
@@ -109,9 +109,10 @@ def _libgomp_spins(spin: str | None, policy: str | None) -> bool:
     return (policy or "").strip().lower() != "passive"
 
 
-def _idle_cores(window_s: float = 0.02) -> float | None:
+def _idle_cores(window_s: float = 0.05) -> float | None:
     """Idle cores among those this process may use, from /proc/stat's per-CPU counters over
-    `window_s`; None where there is no /proc/stat."""
+    `window_s` (they count 10 ms ticks: 50 ms gives each CPU five); None where there is no
+    /proc/stat."""
     try:
         allowed = os.sched_getaffinity(0)
     except (AttributeError, OSError):
