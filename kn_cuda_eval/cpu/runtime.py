@@ -103,7 +103,7 @@ def _libgomp_spins(spin: str | None, policy: str | None) -> bool:
         if s == "infinite" or s == "infinity":
             return True
         try:
-            return float(s.rstrip("kmg") or "0") > 0
+            return float(s.rstrip("kmgt") or "0") > 0  # libgomp's k/M/G/T suffixes
         except ValueError:
             pass
     return (policy or "").strip().lower() != "passive"
