@@ -6,6 +6,8 @@ Int32 outputs, so every result must equal onnxruntime's and the reference's exac
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -20,13 +22,22 @@ from kn_graph.optimizer import OptimizerSettings, optimize
 from kn_graph.reference import evaluate
 from kn_runtime import Device
 
-RNG = np.random.default_rng(23)
+# Zero points inside the range but never 128: with weights at 0 and 255, w - 128 fits int8 and
+# the single step needs no split. Every test draws from its own generator, so what it draws does
+# not depend on which tests ran before it in the same (xdist) worker.
+ZERO_POINTS = np.r_[90:120, 137:180]
 
 
-def _conv_model(c: int, k: int, groups: int, per_channel: bool) -> onnx.ModelProto:
-    w = RNG.integers(0, 256, (k, c // groups, 3, 3)).astype(np.uint8)
+def _rng(*key: object) -> np.random.Generator:
+    return np.random.default_rng([23, zlib.crc32(repr(key).encode())])  # str hashes vary per run
+
+
+def _conv_model(
+    rng: np.random.Generator, c: int, k: int, groups: int, per_channel: bool
+) -> onnx.ModelProto:
+    w = rng.integers(0, 256, (k, c // groups, 3, 3)).astype(np.uint8)
     w.reshape(-1)[:2] = (0, 255)
-    zw = RNG.integers(90, 180, k if per_channel else ()).astype(np.uint8)
+    zw = rng.choice(ZERO_POINTS, k if per_channel else ()).astype(np.uint8)
     node = helper.make_node(
         "ConvInteger", ["x", "w", "zx", "zw"], ["y"], pads=[1, 1, 1, 1], strides=[2, 1],
         group=groups,
@@ -45,10 +56,10 @@ def _conv_model(c: int, k: int, groups: int, per_channel: bool) -> onnx.ModelPro
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def _matmul_model(k: int, n: int, per_column: bool) -> onnx.ModelProto:
-    b = RNG.integers(0, 256, (k, n)).astype(np.uint8)
+def _matmul_model(rng: np.random.Generator, k: int, n: int, per_column: bool) -> onnx.ModelProto:
+    b = rng.integers(0, 256, (k, n)).astype(np.uint8)
     b.reshape(-1)[:2] = (0, 255)
-    zb = RNG.integers(90, 180, n if per_column else ()).astype(np.uint8)
+    zb = rng.choice(ZERO_POINTS, n if per_column else ()).astype(np.uint8)
     node = helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["y"])
     graph = helper.make_graph(
         [node],
@@ -89,8 +100,9 @@ def test_conv_integer_with_full_range_uint8_weights(
 ) -> None:
     """Against onnxruntime per tensor; per filter (which onnxruntime's ConvInteger refuses:
     "Non per-tensor quantization is not supported") against the reference executor."""
-    model = _conv_model(c, k, groups, per_channel)
-    x = RNG.integers(0, 256, (2, c, 9, 7)).astype(np.uint8)
+    rng = _rng("conv", c, k, groups, per_channel)
+    model = _conv_model(rng, c, k, groups, per_channel)
+    x = rng.integers(0, 256, (2, c, 9, 7)).astype(np.uint8)
     x[0, :, :3] = 255  # the extremes, over whole windows: the largest sums either way
     x[1, :, :3] = 0
     g = load_onnx(model)
@@ -107,8 +119,9 @@ def test_conv_integer_with_full_range_uint8_weights(
 
 @pytest.mark.parametrize("per_column", [False, True])
 def test_matmul_integer_with_full_range_uint8_weights(per_column: bool) -> None:
-    model = _matmul_model(70, 33, per_column)
-    a = RNG.integers(0, 256, (3, 5, 70)).astype(np.uint8)
+    rng = _rng("matmul", per_column)
+    model = _matmul_model(rng, 70, 33, per_column)
+    a = rng.integers(0, 256, (3, 5, 70)).astype(np.uint8)
     a[0, 0], a[0, 1] = 255, 0  # whole rows at the extremes
     za = np.array(201, np.uint8)
     want = _ort(model, {"a": a, "za": za})
@@ -124,13 +137,15 @@ def test_the_split_graph_computes_the_same_integers(bits: int) -> None:
     (8 bits), and does not fire where the int8 weights would not fit either (7 bits)."""
     g = Graph()
     x = g.input(Shape.of(2, 4, 6, 6), DType.U8, "x")
-    w = RNG.integers(0, 256, (6, 4, 3, 3)).astype(np.uint8)
+    rng = _rng("reference", bits)
+    w = rng.integers(0, 256, (6, 4, 3, 3)).astype(np.uint8)
+    w.reshape(-1)[0] = 255  # 255 - 100 does not fit int8: the single step cannot take them
     y = g.int_conv(
         x, g.constant(w), g.scalar(250, DType.U8), g.constant(np.full(6, 100, np.uint8)),
         [1, 1], [1, 1], [1, 1], 1,
     )  # fmt: skip
     g.add_output(y, "y")
-    feed = [RNG.integers(0, 256, (2, 4, 6, 6)).astype(np.uint8)]
+    feed = [rng.integers(0, 256, (2, 4, 6, 6)).astype(np.uint8)]
     o = optimize(g, OptimizerSettings(split_int_weights=True, qdq_weight_bits=bits))
     convs = sum(isinstance(o[v].op, IntConv) for v in o.values())
     assert convs == (2 if bits == 8 else 1)
