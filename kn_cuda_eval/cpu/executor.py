@@ -222,14 +222,19 @@ class HostExecutor:
                 d = onednn.conv_desc(s, self.threads, layout, self._posts.get(k, ()))
                 if d is not None:
                     self._descs[k] = d
-        choice = layouts.choose_layouts(self.steps, self.plan.outputs, self._descs)
+        formats: dict[int, layouts.Formats] = dict(self._descs)
+        consts = onednn.Constants(self.plan.constants, self.plan.const_size)
+        for k, s in enumerate(self.steps):
+            if isinstance(s, st.IntConv) and (f := onednn.int_conv_formats(s, consts)):
+                formats[k] = f  # the pass rewrites its views: its runner reads them as stored
+        choice = layouts.choose_layouts(self.steps, self.plan.outputs, formats)
         for k in [k for k in self._descs if k not in choice.roles]:
             self._descs.pop(k).close()  # made again with the measured plain/blocked pick
         for k, table in choice.views.items():  # strided steps read and write channels-last
             step = self.steps[k]
             assert not isinstance(step, fuse.Folded)
             self.steps[k] = st.map_views(step, lambda v, t=table: t.get(v, v))  # type: ignore[assignment]
-        return choice.roles
+        return {k: r for k, r in choice.roles.items() if k in self._descs}
 
     def _map_arena(self, shared: SharedMemory | None, need: int) -> None:
         """`need` bytes of the prepared graph's arena (or of one of this executor's own when its
@@ -424,7 +429,10 @@ class HostExecutor:
                     if isinstance(s, st.IntMatMul)
                     else onednn.int_conv_runner(s, *args, constants=consts, workspace=self._ws)
                 )
-                return r, "" if r is None else f"onednn int8 {r.impl}"
+                if r is None:
+                    return None, ""
+                extra = f" +{r.primitives - 1} reorders" if r.primitives > 1 else ""
+                return r, f"onednn int8 {r.impl}{extra}"
             case _:
                 return None, ""
 

@@ -34,6 +34,7 @@ from kn_cuda_eval.cpu.onednn.int8 import (
     Constants,
     conv_enabled,
     exact_weights,
+    int_conv_formats,
     int_conv_runner,
     int_matmul_runner,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "gemm_runner",
     "has_avx512",
     "has_vnni",
+    "int_conv_formats",
     "int_conv_runner",
     "int_matmul_runner",
     "load_dnnl",

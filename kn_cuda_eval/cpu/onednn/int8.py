@@ -40,6 +40,7 @@ import ctypes
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -89,11 +90,15 @@ from kn_graph.dtype import DType
 __all__ = [
     "INT_CONV_LAYOUTS",
     "SAFE_WEIGHT",
+    "ChannelsLast",
     "Constants",
+    "IntConvFormats",
     "conv_enabled",
     "exact_weights",
+    "int_conv_formats",
     "int_conv_runner",
     "int_matmul_runner",
+    "source_shift",
 ]
 
 log = logging.getLogger(__name__)
@@ -332,6 +337,62 @@ def _dense(shape: Sequence[int]) -> list[int]:
     return out[::-1]
 
 
+def source_shift(dtype: DType) -> int:
+    """What a convolution adds to an 8-bit source before oneDNN takes it: 128 for s8 without
+    VNNI (oneDNN's s8-source kernels there halve the weights: inexact, module docstring), else
+    0 (u8 sources, and s8 ones where `vpdpbusd` sums every product exactly)."""
+    return 128 if dtype is DType.I8 and not has_vnni() else 0
+
+
+@dataclass(frozen=True)
+class ChannelsLast:
+    """The activation layout of integer convolutions that chain (`int_conv_formats`): channels
+    last, a plain permutation of the logical axes, so the executor's layout pass stores the
+    tensors between them that way and rewrites the views of every step that reads or writes
+    them (the convolution's own included), with no reorder left for the runner to make."""
+
+    rank: int
+    blocked: bool = True
+    dense: bool = True
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return (0, *range(2, self.rank), 1)
+
+
+@dataclass(frozen=True)
+class IntConvFormats:
+    src: ChannelsLast
+    dst: ChannelsLast
+
+
+def int_conv_formats(step: st.IntConv, constants: Constants) -> IntConvFormats | None:
+    """Channels-last source and destination for `step` where oneDNN will run it as stored
+    (weights exact here, no source shift), else None: the step then reads and writes NC(D)HW.
+    oneDNN's fast int8 convolutions (brgconv, jit) take channels last on AVX2 and AVX-512
+    alike; where one refuses anyway, the emulator's step reads the same rewritten views."""
+    s = step
+    if not conv_enabled() or available() is not None or s.x.rank not in _NHWC:
+        return None
+    if s.out.numel == 0 or source_shift(s.x.dtype):
+        return None
+    zshape = (s.w.shape[0],) + (1,) * (s.w.rank - 1)
+    if _weights(s.w, s.w_zero, zshape, constants) is None:
+        return None
+    layout = ChannelsLast(s.x.rank)
+    return IntConvFormats(layout, layout)
+
+
+def _channels_last(v: StridedView) -> bool:
+    """Whether view `v` (N, C, spatial) is stored densely channels last."""
+    order = (0, *range(2, v.rank), 1)
+    dense = _dense([v.shape[d] for d in order])
+    nhwc = [0] * v.rank
+    for d, t in zip(order, dense, strict=True):
+        nhwc[d] = t
+    return md_strides(v.shape, v.strides) == md_strides(v.shape, nhwc)
+
+
 def _auto_layout(s: st.IntConv) -> str:
     """oneDNN's own layout (benchmarks/int8_steps.py, AVX2, on a shared 2-core machine, so
     tentative): on its quietest run 2.7x faster than channels last on a 1x1 256->64 at 56x56
@@ -399,10 +460,12 @@ def _conv(
     out_md = o.md(s.out.shape, DT_S32, md_strides(s.out.shape, s.out.strides))
     wdims, w_plain = _conv_weights(o, s, wei)
     tag = FORMAT_TAG_ANY if layout == "blocked" else _NHWC[s.x.rank]
-    # an s8 source enters as u8 (+128, in the layout reorder it needs anyway): oneDNN's s8
-    # convolutions without VNNI halve the weights (inexact, measured), its u8 ones are exact
-    shift = 128 if s.x.dtype is DType.I8 else 0
-    src_q = o.tag(s.x.shape, DT_U8, tag)
+    if _channels_last(s.x) or _channels_last(s.out):
+        tag = _NHWC[s.x.rank]  # the layout pass stored them channels last: take them so
+    # without VNNI an s8 source enters as u8 (+128, in the layout reorder it needs anyway):
+    # oneDNN's s8 convolutions there halve the weights (inexact, measured), its u8 ones are exact
+    shift = source_shift(s.x.dtype)
+    src_q = o.tag(s.x.shape, DT_U8 if shift else INT8_TYPES[s.x.dtype], tag)
     dst_q = o.tag(s.out.shape, DT_S32, tag)
     zero = _source_zero(o, arena, s.x_zero, consts, shift)
     pd = o.pd(

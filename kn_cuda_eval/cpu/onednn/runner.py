@@ -64,6 +64,12 @@ class Runner:
         self._set_threads = omp_thread_setter()
         self._stream = engine()[1]
 
+    @property
+    def primitives(self) -> int:
+        """How many oneDNN primitives one run executes: the step's own plus its reorders (of
+        activations stored in another layout, of a zero point read from the arena)."""
+        return len(self._calls)
+
     def c_entries(self) -> list[tuple[int, int, int, int]]:
         """(primitive, stream, nargs, address of the argument array) of each primitive call,
         for the executor's compiled step loop (the arrays stay alive with this runner)."""

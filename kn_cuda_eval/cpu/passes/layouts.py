@@ -117,9 +117,12 @@ def _strided(s: st.Step) -> bool:
 
 
 def _roles(s: st.Step) -> list[tuple[StridedView, str]]:
+    # weights, biases and zero points are read plain (a weight computed at run time stays so)
+    if isinstance(s, st.IntConv):
+        return [(s.x, "x"), (s.w, "other"), (s.x_zero, "other"), (s.w_zero, "other")]
     if isinstance(s, st.Conv):
-        out = [(s.x, "x"), (s.w, "w")]
-        out += [(s.bias, "bias")] if s.bias is not None else []
+        out = [(s.x, "x"), (s.w, "other")]
+        out += [(s.bias, "other")] if s.bias is not None else []
         out += [(s.residual, "residual")] if s.residual is not None else []
         return out
     role = "flat" if is_flat(s) else "strided" if _strided(s) else "other"
@@ -219,7 +222,7 @@ def choose_layouts(
                     live.remove(v)
             v = _Value(w, k, (lo, hi), [(lo, hi)])
             # (a validated plan never writes over an operand of the same step)
-            conv_out = k in formats and isinstance(s, st.Conv) and w == s.out
+            conv_out = k in formats and isinstance(s, st.Conv | st.IntConv) and w == s.out
             strided_out = isinstance(s, st.Elementwise) and _strided(s)
             v.plain = not (conv_out or is_flat(s) or strided_out) or not w.is_dense()
             v.logical = w.shape if conv_out else None
@@ -283,6 +286,9 @@ def _group_layout(
     strided = [(v.step, v.view) for v in group if v.step not in formats]
     strided = [(k, w) for k, w in strided if _strided(steps[k])]
     strided += [(j, v.view) for v in group for j, role in v.uses if role == "strided"]
+    # integer convolutions take their activations through their views' strides
+    strided += [(v.step, v.view) for v in group if isinstance(steps[v.step], st.IntConv)]
+    strided += [(j, v.view) for v in group for j, _ in v.uses if isinstance(steps[j], st.IntConv)]
     if not strided:
         return fmt, []
     order = getattr(fmt, "order", None)

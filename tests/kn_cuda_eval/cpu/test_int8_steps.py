@@ -8,12 +8,16 @@ CPU, full-range ones only with VNNI (`kn_cuda_eval.cpu.onednn.int8`)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from kn_cuda_eval import PlanSettings, emulate, plan
 from kn_cuda_eval.cpu import onednn
 from kn_cuda_eval.cpu.executor import HostExecutor, host_plan_settings
+from kn_cuda_eval.planning import steps as pst
 from kn_graph import DType, Graph, Shape
+from kn_graph.onnx import load_onnx
 from kn_graph.ops import Value
 from kn_graph.reference import evaluate
 from kn_runtime import Device
@@ -217,3 +221,108 @@ def test_int_conv_output_feeds_float_steps() -> None:
     s: Value = g.mul(g.cast(y, DType.F32), 0.01)
     g.add_output(g.relu(s), "y")
     _check(g, [_source(DType.U8, (1, 4, 8, 8))], CONV)
+
+
+def _qdq_chain(act: DType) -> tuple[onnx.ModelProto, list[np.ndarray]]:
+    """Three ConvIntegers the way a quantized CNN chains them: each i32 output requantized
+    (per-channel scale, then QuantizeLinear to `act`) into the next, a residual add of two
+    dequantized activations between, the last output both a plan output and pooled."""
+    rng = np.random.default_rng(5)
+    tt = {DType.U8: TensorProto.UINT8, DType.I8: TensorProto.INT8}[act]
+    zero = 7 if act is DType.U8 else -3
+
+    def conv_w(k: int, c: int, ks: int) -> np.ndarray:
+        w = rng.integers(-64, 65, (k, c, ks, ks)).astype(np.int8)
+        w.reshape(-1)[:2] = (64, -64)
+        return w
+
+    init = [
+        numpy_helper.from_array(conv_w(32, 16, 3), "w1"),
+        numpy_helper.from_array(conv_w(32, 32, 1), "w2"),
+        numpy_helper.from_array(conv_w(24, 32, 3), "w3"),
+        numpy_helper.from_array(np.array(zero, act.np), "z"),
+        numpy_helper.from_array(np.array(0.4, np.float32), "s"),
+        numpy_helper.from_array((rng.random((1, 32, 1, 1)) * 0.01).astype(np.float32), "c1"),
+        numpy_helper.from_array((rng.random((1, 32, 1, 1)) * 0.02).astype(np.float32), "c2"),
+    ]
+    nodes = [
+        helper.make_node("ConvInteger", ["x", "w1", "z"], ["y1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Cast", ["y1"], ["f1"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["f1", "c1"], ["g1"]),
+        helper.make_node("QuantizeLinear", ["g1", "s", "z"], ["q1"]),
+        helper.make_node("ConvInteger", ["q1", "w2", "z"], ["y2"]),
+        helper.make_node("Cast", ["y2"], ["f2"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["f2", "c2"], ["g2"]),
+        helper.make_node("QuantizeLinear", ["g2", "s", "z"], ["q2"]),
+        helper.make_node("DequantizeLinear", ["q1", "s", "z"], ["d1"]),
+        helper.make_node("DequantizeLinear", ["q2", "s", "z"], ["d2"]),
+        helper.make_node("Add", ["d1", "d2"], ["r"]),
+        helper.make_node("QuantizeLinear", ["r", "s", "z"], ["q3"]),
+        helper.make_node(
+            "ConvInteger", ["q3", "w3", "z"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2]
+        ),
+        helper.make_node("DequantizeLinear", ["q3", "s", "z"], ["d3"]),
+        helper.make_node("GlobalAveragePool", ["d3"], ["pooled"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qdq_chain",
+        [helper.make_tensor_value_info("x", tt, [1, 16, 12, 12])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.INT32, None),
+            helper.make_tensor_value_info("pooled", TensorProto.FLOAT, None),
+        ],
+        init,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    lo, hi = _range(act)
+    return model, [rng.integers(lo, hi, (1, 16, 12, 12)).astype(act.np)]
+
+
+@pytest.mark.parametrize("act", [DType.U8, DType.I8])
+def test_a_chain_of_integer_convolutions_stays_channels_last(act: DType) -> None:
+    """The layout pass keeps the activations between integer convolutions channels last
+    (oneDNN's int8 layout): the requantizing steps, the residual add and the pool read and
+    write them through permuted strides, and the convolution in the middle runs with no
+    reorder. Exact against the reference either way; the chain forms where oneDNN takes the
+    source as it is (u8 everywhere, s8 with VNNI: `onednn.int8.source_shift`)."""
+    model, feed = _qdq_chain(act)
+    g = load_onnx(model)
+    want = evaluate(g, feed)
+    # the pool's mean of 144 float32s summed in another order: off by at most 144 ulps of the
+    # largest magnitude a dequantized value has (255 steps of 0.4)
+    atol = 144 * 2.0**-24 * 255 * 0.4
+    ex = HostExecutor(plan(g, settings=host_plan_settings(g)), threads=2)
+    for got in (Device.cpu(threads=2).prepare(g).eval(feed), ex.eval(feed)):
+        assert got[0].dtype == np.int32 and np.array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], rtol=0, atol=atol)
+    convs = [k for k, s in enumerate(ex.steps) if isinstance(s, pst.IntConv)]
+    assert len(convs) == 3
+    names = [ex.names[k] for k in convs]
+    chained = HAVE and CONV and not onednn.int8.source_shift(act)
+    if not chained:
+        assert all("channels" not in n for n in names), names
+        return
+    # the first reads the plan's input, the last writes the plan's output: one reorder each
+    assert all(n.startswith("onednn int8") for n in names), names
+    assert [n.endswith("+1 reorders") for n in names] == [True, False, True], names
+    assert "reorders" not in names[1], names
+    mid = ex.steps[convs[1]]
+    c, hw = mid.x.shape[1], mid.x.shape[2] * mid.x.shape[3]
+    assert mid.x.strides[1] == 1 and mid.x.strides[3] == c and mid.out.strides[1] == 1, mid
+    assert hw > 1
+
+
+def test_extreme_s8_convolution_sums_are_exact() -> None:
+    """Every source at -128 or 127 times weights at -128 or 127 over a 3x3x64 window: the
+    largest sums an s8 convolution makes (oneDNN shifts s8 sources internally where it takes
+    them as they are)."""
+    for x_val, w_val in ((-128, -128), (127, -128), (-128, 127)):
+        g = Graph()
+        x = g.input(Shape.of(1, 64, 6, 6), DType.I8, "x")
+        w = g.constant(np.full((16, 64, 3, 3), w_val, np.int8))
+        g.add_output(
+            g.int_conv(x, w, g.scalar(0, DType.I8), g.scalar(0, DType.I8), None, (1, 1)), "y"
+        )
+        feed = [np.full((1, 64, 6, 6), x_val, np.int8)]
+        _check(g, feed, CONV * _taken(128))
