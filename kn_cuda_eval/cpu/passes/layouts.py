@@ -6,8 +6,9 @@ layout and back around every convolution cost ResNet-50 12.7 ms of 50 (2 threads
 finds the tensors that never need to be plain: a convolution's output whose every reader is a
 convolution taking it in the layout it was written in (as input `x`: the reader's source layout;
 as `residual`: the reader's destination layout), or a *flat* elementwise step — one over a single
-contiguous axis, no index views, one dtype, which maps bytes to bytes and so computes the same on
-any layout — whose own outputs obey the same rule (ReLU6 or SiLU between two convolutions).
+contiguous axis, no index views, which maps element i to element i and so computes the same on
+any layout — whose own outputs obey the same rule (ReLU6 or SiLU between two convolutions, a
+requantization between two integer ones).
 
 Those tensors are stored blocked in the very bytes the planner gave them: the pass keeps only
 layouts that are *dense* (no channel padding: as many bytes as the plain tensor) over dense
@@ -68,13 +69,14 @@ class Formats(Protocol):
 
 
 def is_flat(s: st.Step) -> bool:
-    """An elementwise step over one contiguous axis with no index views and one dtype: it maps
-    element i of every operand to element i of every result, whatever order they are stored in."""
+    """An elementwise step over one contiguous axis with no index views: it maps element i of
+    every operand to element i of every result, whatever order they are stored in (the same
+    order for all: a requantization reads int32 and writes int8 element by element)."""
     if not isinstance(s, st.Elementwise) or len(s.shape) != 1 or s.indices:
-        return False
-    views = (*s.inputs, *s.outputs)
-    dt = s.outputs[0].dtype if s.outputs else None
-    return all(v.strides == (1,) and v.dtype is dt for v in views)
+        return False  # (a broadcast operand, stride 0, is one element whatever the layout)
+    return all(v.strides == (1,) for v in s.outputs) and all(
+        v.strides in ((1,), (0,)) for v in s.inputs
+    )
 
 
 @dataclass(eq=False)
@@ -126,7 +128,8 @@ def _roles(s: st.Step) -> list[tuple[StridedView, str]]:
         out += [(s.residual, "residual")] if s.residual is not None else []
         return out
     role = "flat" if is_flat(s) else "strided" if _strided(s) else "other"
-    return [(v, role) for v in s.reads()]
+    # a flat step's broadcast operand is read as one element: "other" (its tensor stays plain)
+    return [(v, "other" if role == "flat" and v.strides == (0,) else role) for v in s.reads()]
 
 
 def permuted(view: StridedView, logical: Sequence[int], order: Sequence[int]) -> StridedView | None:
@@ -162,6 +165,13 @@ def permuted(view: StridedView, logical: Sequence[int], order: Sequence[int]) ->
             return None
         strides.append(inner)
     return StridedView(view.offset, view.shape, tuple(strides), view.dtype)
+
+
+def _same_layout(a: LayoutLike, b: LayoutLike) -> bool:
+    """Equal layouts, or the same permutation of the logical axes whatever the element types
+    (an int32 sum and the int8 it requantizes to, both channels last)."""
+    order = getattr(a, "order", None)
+    return a == b or (order is not None and order == getattr(b, "order", None))
 
 
 def _same_region(r: StridedView, v: _Value) -> bool:
@@ -281,7 +291,9 @@ def _group_layout(
     if not wants:
         return None
     fmt = wants[0]
-    if not (fmt.blocked and fmt.dense) or any(p != fmt for p in wants[1:]):
+    if not all(p.blocked and p.dense for p in wants) or any(
+        not _same_layout(p, fmt) for p in wants[1:]
+    ):
         return None
     strided = [(v.step, v.view) for v in group if v.step not in formats]
     strided = [(k, w) for k, w in strided if _strided(steps[k])]

@@ -223,13 +223,16 @@ def test_int_conv_output_feeds_float_steps() -> None:
     _check(g, [_source(DType.U8, (1, 4, 8, 8))], CONV)
 
 
-def _qdq_chain(act: DType) -> tuple[onnx.ModelProto, list[np.ndarray]]:
+def _qdq_chain(act: DType, per_channel: bool) -> tuple[onnx.ModelProto, list[np.ndarray]]:
     """Three ConvIntegers the way a quantized CNN chains them: each i32 output requantized
-    (per-channel scale, then QuantizeLinear to `act`) into the next, a residual add of two
-    dequantized activations between, the last output both a plan output and pooled."""
+    (a scale per channel or per tensor, then QuantizeLinear to `act`) into the next, a residual
+    add of two dequantized activations between, the last output both a plan output and pooled.
+    Per tensor, the requantization is one flat step over the whole tensor (i32 in, 8 bits out);
+    per channel, one over [C, H*W] with the scales broadcast."""
     rng = np.random.default_rng(5)
     tt = {DType.U8: TensorProto.UINT8, DType.I8: TensorProto.INT8}[act]
     zero = 7 if act is DType.U8 else -3
+    scales = (1, 32, 1, 1) if per_channel else ()
 
     def conv_w(k: int, c: int, ks: int) -> np.ndarray:
         w = rng.integers(-64, 65, (k, c, ks, ks)).astype(np.int8)
@@ -242,8 +245,8 @@ def _qdq_chain(act: DType) -> tuple[onnx.ModelProto, list[np.ndarray]]:
         numpy_helper.from_array(conv_w(24, 32, 3), "w3"),
         numpy_helper.from_array(np.array(zero, act.np), "z"),
         numpy_helper.from_array(np.array(0.4, np.float32), "s"),
-        numpy_helper.from_array((rng.random((1, 32, 1, 1)) * 0.01).astype(np.float32), "c1"),
-        numpy_helper.from_array((rng.random((1, 32, 1, 1)) * 0.02).astype(np.float32), "c2"),
+        numpy_helper.from_array((rng.random(scales) * 0.01).astype(np.float32), "c1"),
+        numpy_helper.from_array((rng.random(scales) * 0.02).astype(np.float32), "c2"),
     ]
     nodes = [
         helper.make_node("ConvInteger", ["x", "w1", "z"], ["y1"], pads=[1, 1, 1, 1]),
@@ -279,14 +282,15 @@ def _qdq_chain(act: DType) -> tuple[onnx.ModelProto, list[np.ndarray]]:
     return model, [rng.integers(lo, hi, (1, 16, 12, 12)).astype(act.np)]
 
 
+@pytest.mark.parametrize("per_channel", [True, False])
 @pytest.mark.parametrize("act", [DType.U8, DType.I8])
-def test_a_chain_of_integer_convolutions_stays_channels_last(act: DType) -> None:
+def test_a_chain_of_integer_convolutions_stays_channels_last(act: DType, per_channel: bool) -> None:
     """The layout pass keeps the activations between integer convolutions channels last
     (oneDNN's int8 layout): the requantizing steps, the residual add and the pool read and
     write them through permuted strides, and the convolution in the middle runs with no
     reorder. Exact against the reference either way; the chain forms where oneDNN takes the
     source as it is (u8 everywhere, s8 with VNNI: `onednn.int8.source_shift`)."""
-    model, feed = _qdq_chain(act)
+    model, feed = _qdq_chain(act, per_channel)
     g = load_onnx(model)
     want = evaluate(g, feed)
     # the pool's mean of 144 float32s summed in another order: off by at most 144 ulps of the

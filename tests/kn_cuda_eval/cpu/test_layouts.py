@@ -146,7 +146,7 @@ def test_a_tensor_read_another_way_stays_plain(kind: str) -> None:
     assert c0 not in roles, [s.describe() for s in p.steps]
 
 
-def test_flat_steps_are_single_axis_one_dtype_without_indices() -> None:
+def test_flat_steps_are_single_axis_without_indices() -> None:
     p = plan(_chain())
     flat = [s for s in p.steps if layouts.is_flat(s)]
     assert flat and all(isinstance(s, st.Elementwise) and len(s.shape) == 1 for s in flat)
