@@ -237,8 +237,10 @@ def load_generator(
     (a `kn_runtime.Device`; None: `Device.cpu()`). `max_bindings`: executors kept per decoder
     (None: `DEFAULT_MAX_BINDINGS`). Raises ModelFolderError for a folder that lacks a file,
     has an unknown layout, or whose tokenizer does not fit the model."""
+    from kn_graph import Graph
     from kn_graph.onnx import load_onnx
     from kn_runtime.device import Device
+    from kn_runtime.generate.trim import trim_outputs
 
     spec = read_folder(TINY_LLM if folder is None else folder)
     tokenizer = load_tokenizer(spec.tokenizer_path)
@@ -246,6 +248,8 @@ def load_generator(
     signature = read_signature(
         loaded, spec.names, spec.kv_heads, spec.head_dim, str(spec.model_path)
     )
+    # the logits of the last position, the new keys and values
+    appends = isinstance(loaded, Graph) and trim_outputs(loaded, signature)
     device = Device.cpu() if device is None else device
     prepared = device.prepare(loaded, max_bindings=max_bindings or DEFAULT_MAX_BINDINGS)
-    return Generator(spec, DecoderModel(prepared, signature), tokenizer)
+    return Generator(spec, DecoderModel(prepared, signature, appends=appends), tokenizer)

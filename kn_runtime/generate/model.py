@@ -1,24 +1,69 @@
 """The decoder of an LLM folder on a device: one `PreparedGraph`, evaluated once per step with
-the inputs fed by name. The KV cache is the NumPy arrays the last step returned (the growing
-form: each step's `present` is the next step's `past`); every past length is a new binding of
-the graph's size symbols, so a device plans (and on the CPU compiles) each length once and keeps
-`max_bindings` of them. A merged Optimum decoder gets `use_cache_branch` False on its first
+the inputs fed by name. The KV cache is a host buffer per cache input (`Cache`): each step is
+fed a view of its filled positions and writes its new ones after them (the graph's presents cut
+to the new positions by `trim`); every past length is a new binding of the graph's size
+symbols, so a device plans (and on the CPU compiles) each length once and keeps `max_bindings`
+of them. A merged Optimum decoder gets `use_cache_branch` False on its first
 step (empty past) and True after; a model that takes one token per step is fed a prompt token
 by token."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from kn_runtime.generate.signature import DecoderSignature
+from kn_runtime.generate.signature import DecoderSignature, PastSpec
 
 __all__ = ["Cache", "DecoderModel"]
 
-Cache = dict[str, np.ndarray]
-"""Past tensors by input name, [batch, kv heads, length, head size]."""
+
+class Cache:
+    """The past of one generation: per cache input a buffer [batch, kv heads, capacity, head
+    size] whose first `length` positions hold the keys or values so far, the rest zeros. A step
+    is fed views of the first `length` (or, padded, more) positions — zeros a mask hides — and
+    its new positions are written after them: the cache is never rebuilt per token (it was
+    concatenated twice per token, padded and trimmed, before). The capacity doubles when it
+    runs out, so a generation copies it O(log n) times."""
+
+    def __init__(self, specs: Sequence[PastSpec], batch: int) -> None:
+        self.length = 0
+        self._buf = {p.name: np.zeros((batch, p.heads, 0, p.head_dim), p.dtype) for p in specs}
+
+    @property
+    def capacity(self) -> int:
+        return min((b.shape[2] for b in self._buf.values()), default=0)
+
+    def view(self, upto: int | None = None) -> dict[str, np.ndarray]:
+        """The first `upto` positions (default `length`) of every buffer, as views."""
+        n = self.length if upto is None else upto
+        self._reserve(n)
+        return {k: b[:, :, :n] for k, b in self._buf.items()}
+
+    def overwrite(self, past: Mapping[str, np.ndarray]) -> None:
+        """Replace the first `length` positions by the model's own (a present that is not
+        past + new: `trim.trim_outputs`)."""
+        for k, v in past.items():
+            self._buf[k][:, :, : self.length] = v[:, :, : self.length]
+
+    def append(self, new: Mapping[str, np.ndarray]) -> None:
+        """Write the new positions [batch, kv heads, S, head size] after the first `length`."""
+        s = next(iter(new.values())).shape[2] if new else 0
+        self._reserve(self.length + s)
+        for k, v in new.items():
+            self._buf[k][:, :, self.length : self.length + s] = v
+        self.length += s
+
+    def _reserve(self, n: int) -> None:
+        if n <= self.capacity:
+            return
+        cap = max(n, 2 * self.capacity, 64)
+        for k, b in self._buf.items():
+            grown = np.zeros((*b.shape[:2], cap, b.shape[3]), b.dtype)
+            grown[:, :, : self.length] = b[:, :, : self.length]
+            self._buf[k] = grown
 
 
 def positions_of(mask: np.ndarray, count: int) -> np.ndarray:
@@ -64,10 +109,19 @@ class DecoderModel:
     mask masks past keys: so only models with both inputs, position_ids used, bucket."""
 
     def __init__(
-        self, prepared: Any, signature: DecoderSignature, bucket: int | None = None
+        self,
+        prepared: Any,
+        signature: DecoderSignature,
+        bucket: int | None = None,
+        *,
+        appends: bool = False,
     ) -> None:
         self.prepared = prepared
         self.signature = signature
+        self.appends = appends
+        """Every present is the past plus the new positions (`trim.trim_outputs` cut them to
+        the new ones): the cache keeps its past and appends; else each step's whole present
+        (its first positions as the model wrote them) replaces it."""
         exact = signature.attention_mask is not None and _reads(prepared, signature.position_ids)
         self.bucket = (CACHE_BUCKET if exact else 1) if bucket is None else max(1, int(bucket))
         self._lock = threading.Lock()
@@ -75,19 +129,23 @@ class DecoderModel:
         """Evaluations so far (a prompt fed token by token counts one per token)."""
 
     def empty_cache(self, batch: int) -> Cache:
-        return {
-            p.name: np.zeros((batch, p.heads, 0, p.head_dim), p.dtype) for p in self.signature.past
-        }
+        return Cache(self.signature.past, batch)
 
     def forward(self, ids: np.ndarray, mask: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
         """Run `ids` [batch, S] after the cache; `mask` [batch, past + S] covers both. Returns
-        the logits of the last position [batch, vocab] (float32) and the cache with S more."""
+        the logits of the last position [batch, vocab] (float32) and the cache, S longer."""
         fixed = self.signature.step_tokens
         past = mask.shape[1] - ids.shape[1]
+        if past != cache.length:
+            from kn_graph.errors import ArgumentValueError
+
+            raise ArgumentValueError(
+                f"forward: the mask covers {past} past positions, the cache holds {cache.length}"
+            )
         if self.bucket > 1 and ids.shape[1] == 1 and past % self.bucket:
-            return self._padded_step(ids, mask, cache, past)
+            return self._padded_step(ids, mask, cache, past), cache
         if fixed is None or fixed == ids.shape[1]:
-            return self._step(ids, mask, cache)
+            return self._step(ids, mask, cache, cache.view()), cache
         if fixed != 1:
             from kn_graph.errors import ModelFolderError
 
@@ -97,36 +155,35 @@ class DecoderModel:
             )
         logits = np.empty((0,), np.float32)
         for j in range(ids.shape[1]):
-            logits, cache = self._step(ids[:, j : j + 1], mask[:, : past + j + 1], cache)
+            logits = self._step(ids[:, j : j + 1], mask[:, : past + j + 1], cache, cache.view())
         return logits, cache
 
     def _padded_step(
         self, ids: np.ndarray, mask: np.ndarray, cache: Cache, past: int
-    ) -> tuple[np.ndarray, Cache]:
+    ) -> np.ndarray:
         """One decode token after a past padded to the next multiple of `bucket` (class
-        docstring); the returned cache holds the real positions only."""
+        docstring): the cache's zeros past its length are the padding."""
         pad = -past % self.bucket
-        b = ids.shape[0]
-        padded = {
-            k: np.concatenate([v, np.zeros((*v.shape[:2], pad, v.shape[3]), v.dtype)], axis=2)
-            for k, v in cache.items()
-        }
-        holes = np.zeros((b, pad), mask.dtype)
-        logits, present = self._step(
+        holes = np.zeros((ids.shape[0], pad), mask.dtype)
+        return self._step(
             ids,
             np.concatenate([mask[:, :past], holes, mask[:, past:]], axis=1),
-            padded,
+            cache,
+            cache.view(past + pad),
             positions=positions_of(mask, 1),
         )
-        return logits, {
-            k: np.concatenate([v[:, :, :past], v[:, :, -1:]], axis=2) for k, v in present.items()
-        }
 
     def _step(
-        self, ids: np.ndarray, mask: np.ndarray, cache: Cache, positions: np.ndarray | None = None
-    ) -> tuple[np.ndarray, Cache]:
+        self,
+        ids: np.ndarray,
+        mask: np.ndarray,
+        cache: Cache,
+        past: Mapping[str, np.ndarray],
+        positions: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """One evaluation; the new positions (the last S of each present) go into `cache`."""
         sig = self.signature
-        feed: dict[str, np.ndarray] = {sig.input_ids: ids.astype(np.int64), **cache}
+        feed: dict[str, np.ndarray] = {sig.input_ids: ids.astype(np.int64), **past}
         if sig.attention_mask is not None:
             feed[sig.attention_mask] = mask.astype(np.int64)
         if sig.position_ids is not None:
@@ -140,5 +197,9 @@ class DecoderModel:
             outs = self.prepared.eval(feed)
             self.steps += 1
         by_name = dict(zip(sig.outputs, outs, strict=True))
-        logits = np.asarray(by_name[sig.logits])[:, -1, :].astype(np.float32)
-        return logits, {p.name: np.asarray(by_name[p.present]) for p in sig.past}
+        s = ids.shape[1]
+        presents = {p.name: np.asarray(by_name[p.present]) for p in sig.past}
+        if not self.appends:
+            cache.overwrite(presents)
+        cache.append({k: v[:, :, -s:] for k, v in presents.items()})
+        return np.asarray(by_name[sig.logits])[:, -1, :].astype(np.float32)

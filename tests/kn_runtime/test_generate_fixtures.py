@@ -65,3 +65,50 @@ def test_decode_steps_bucket_the_past_into_few_bindings() -> None:
     assert runs[32][1] == {0, 32, 64}
     assert len(runs[1][1]) == 40
     assert runs[1][0] == runs[32][0] == tuple(ref["tokens"][0][:40].tolist())
+
+
+@pytest.mark.parametrize("name", FOLDERS)
+def test_outputs_are_trimmed_to_what_a_step_reads(name: str) -> None:
+    """The Optimum exports' logits come out for the last position only, computed by an LM-head
+    product over one row per batch entry (not S), and their presents as the new positions
+    only, so the cache appends; GroupQueryAttention's presents (genai) and a merged decoder's
+    (one graph per branch value) stay whole and replace the cache. Tokens: the test above."""
+    from kn_graph.ops import MatMul, View
+
+    gen = load_generator(LLM / name, Device.cpu(reference=True))
+    graph = gen.model.prepared.graph if name != "llama_optimum_merged" else None
+    optimum = name.endswith("_optimum")
+    assert gen.model.appends == optimum
+    if graph is None:
+        return
+    outs = dict(zip(graph.output_names, graph.outputs, strict=True))
+    logits = graph[outs[gen.model.signature.logits]]
+    ids = graph[graph.inputs[graph.input_names.index("input_ids")]].shape
+    assert str(logits.shape[1]) == "1" and logits.shape[0] == ids[0]
+    if optimum:  # view(matmul(view(h[:, -1:]), W)): the product has B rows
+        assert isinstance(logits.op, View) and isinstance(graph[logits.op.x].op, MatMul)
+        assert graph[logits.op.x].shape[1] == ids[0]
+    for p in gen.model.signature.past:
+        length = graph[outs[p.present]].shape[2]
+        assert (length == ids[1]) == optimum, (p.present, length)
+
+
+def test_the_cache_appends_in_place() -> None:
+    """A generation's cache buffers are allocated when the capacity runs out (doubling), not
+    per token: 70 tokens after a 19-token prompt see three (empty for the prefill, 64
+    positions, then 128), and every step is fed views of them."""
+    ref = np.load(LLM / "llama_optimum" / "reference.npz")
+    gen = load_generator(LLM / "llama_optimum", Device.cpu(reference=True))
+    bases: set[int] = set()
+    inner = gen.model.prepared.eval
+
+    def record(feed: dict) -> list:  # type: ignore[type-arg]
+        past = feed["past_key_values.0.key"]
+        assert past.base is not None  # a view of the cache's buffer, not a copy
+        bases.add(past.base.__array_interface__["data"][0])
+        return inner(feed)
+
+    gen.model.prepared.eval = record  # type: ignore[method-assign]
+    r = gen.generate([ref["prompt_ids"][0].tolist()], max_new_tokens=70)
+    assert r.ids[0][:64] == tuple(ref["tokens"][0].tolist())
+    assert len(bases) == 3, bases

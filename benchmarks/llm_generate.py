@@ -1,0 +1,207 @@
+"""Greedy generation with a real-size LLM folder: Kyanite's `load_generator` against an
+onnxruntime loop with I/O binding that keeps the cache in place (onnxruntime-genai's builder
+does not read Optimum folders, so the loop is onnxruntime's own: each step binds the previous
+step's `present.*` OrtValues as `past_key_values.*` — no copy of the cache through NumPy —
+and copies out only the logits).
+
+    .venv/bin/python benchmarks/llm_generate.py [--cache /work/bigmodels] [-k fp32|4bit ...]
+        [--prompt 512] [--new 128] [--threads 2]
+
+The folders are made by `benchmarks/_llm_models.py` (Qwen2-0.5B configuration, random weights).
+Each side runs in a fresh subprocess (`--side`), so its peak RSS (VmHWM) is its own: load,
+a warm-up generation of the same lengths (ours: plans and compiled steps of every binding it
+meets; onnxruntime: its first runs), then the measured one. Prompt: `--prompt` ids drawn from
+the tokenizer's range (seed 0). Prints prefill tokens/s (the prompt's forward pass), decode
+tokens/s (the steps after the first token), time to first token, peak RSS, whether the greedy
+tokens are identical, and the ratios (ours/onnxruntime of throughput: >= 1.0 is as fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"fp32": "qwen2_0.5b_optimum", "4bit": "qwen2_0.5b_optimum_4bit"}
+
+
+def _peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _prompt(n: int) -> list[int]:
+    import numpy as np
+
+    return np.random.default_rng(0).integers(3, 512, n).tolist()
+
+
+def _ours(folder: Path, prompt: list[int], new: int, threads: int) -> dict:
+    from kn_runtime import Device
+    from kn_runtime.generate import load_generator
+
+    gen = load_generator(folder, device=Device.cpu(threads=threads))
+    t = time.perf_counter()
+    gen.generate([prompt], max_new_tokens=new)
+    warm = time.perf_counter() - t
+    r = gen.generate([prompt], max_new_tokens=new)
+    tm = r.timing
+    return {
+        "tokens": list(r.ids[0]),
+        "prefill_tok_s": tm.prefill_tokens_per_s,
+        "decode_tok_s": tm.decode_tokens_per_s,
+        "ttft_s": tm.time_to_first_token_s,
+        "first_run_s": warm,
+        "decode_steps": gen.model.steps,
+    }
+
+
+def _ort(folder: Path, prompt: list[int], new: int, threads: int) -> dict:
+    import numpy as np
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(
+        str(folder / "model.onnx"), opts, providers=["CPUExecutionProvider"]
+    )
+    names = {i.name for i in sess.get_inputs()}
+    pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values")]
+
+    def run() -> tuple[list[int], float, float, float]:
+        t0 = time.perf_counter()
+        ids = np.array([prompt], np.int64)
+        mask = np.ones((1, len(prompt)), np.int64)
+        cache = {
+            p.name: ort.OrtValue.ortvalue_from_numpy(
+                np.zeros((1, p.shape[1], 0, p.shape[3]), np.float32)
+            )
+            for p in pasts
+        }
+        out, prefill, decode = [], 0.0, 0.0
+        ttft = 0.0
+        for step in range(new):
+            t = time.perf_counter()
+            io = sess.io_binding()
+            io.bind_cpu_input("input_ids", ids)
+            io.bind_cpu_input("attention_mask", mask)
+            if "position_ids" in names:
+                pos = np.arange(mask.shape[1] - ids.shape[1], mask.shape[1], dtype=np.int64)
+                io.bind_cpu_input("position_ids", pos[None])
+            for n, v in cache.items():
+                io.bind_ortvalue_input(n, v)
+            io.bind_output("logits", "cpu")
+            for n in cache:
+                io.bind_output(n.replace("past_key_values", "present"), "cpu")
+            sess.run_with_iobinding(io)
+            vals = dict(zip([o.name for o in sess.get_outputs()], io.get_outputs(), strict=True))
+            tok = int(np.argmax(vals["logits"].numpy()[0, -1]))
+            dt = time.perf_counter() - t
+            if step == 0:
+                prefill, ttft = dt, time.perf_counter() - t0
+            else:
+                decode += dt
+            out.append(tok)
+            cache = {n: vals[n.replace("past_key_values", "present")] for n in cache}
+            ids = np.array([[tok]], np.int64)
+            mask = np.ones((1, mask.shape[1] + 1), np.int64)
+        return out, prefill, decode, ttft
+
+    t = time.perf_counter()
+    run()
+    warm = time.perf_counter() - t
+    toks, prefill, decode, ttft = run()
+    return {
+        "tokens": toks,
+        "prefill_tok_s": len(prompt) / prefill,
+        "decode_tok_s": (new - 1) / decode,
+        "ttft_s": ttft,
+        "first_run_s": warm,
+    }
+
+
+def _side(args: argparse.Namespace) -> int:
+    folder = args.cache / FOLDERS[args.side[1]]
+    prompt = _prompt(args.prompt)
+    fn = _ours if args.side[0] == "ours" else _ort
+    r = fn(folder, prompt, args.new, args.threads)
+    r["peak_rss_mb"] = _peak_rss_mb()
+    print("RESULT " + json.dumps(r))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--cache", type=Path, default=Path("/work/bigmodels"))
+    ap.add_argument("-k", dest="only", action="append", choices=sorted(FOLDERS))
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--side", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.side:
+        return _side(args)
+    rows = []
+    for name in args.only or ["fp32", "4bit"]:
+        if not (args.cache / FOLDERS[name] / "model.onnx").exists():
+            print(f"{name}: no folder in {args.cache}: run benchmarks/_llm_models.py first")
+            continue
+        got = {}
+        for side in ("ours", "ort"):
+            cmd = [sys.executable, __file__, "--side", side, name, "--cache", str(args.cache)]
+            cmd += ["--prompt", str(args.prompt), "--new", str(args.new)]
+            cmd += ["--threads", str(args.threads)]
+            p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+            line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+            if p.returncode or not line:
+                print(f"{name} {side} failed:\n{p.stderr[-3000:]}")
+                break
+            got[side] = json.loads(line[0][7:])
+            r = got[side]
+            print(
+                f"{name:5} {side:4} prefill {r['prefill_tok_s']:8.1f} tok/s  decode "
+                f"{r['decode_tok_s']:6.2f} tok/s  ttft {r['ttft_s']:6.2f} s  peak RSS "
+                f"{r['peak_rss_mb']:7.0f} MB  first run {r['first_run_s']:6.1f} s",
+                flush=True,
+            )
+        if len(got) == 2:
+            o, t = got["ours"], got["ort"]
+            same = o["tokens"] == t["tokens"]
+            pairs = enumerate(zip(o["tokens"], t["tokens"], strict=True))
+            agree = next((i for i, (a, b) in pairs if a != b), None)
+            rows.append((name, o, t, same, agree))
+    print(
+        f"\nQwen2-0.5B configuration, random weights; prompt {args.prompt} tokens, "
+        f"{args.new} greedy tokens, {args.threads} threads each\n"
+    )
+    print("| model | side | prefill tok/s | decode tok/s | TTFT s | peak RSS MB | first run s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, o, t, _, _ in rows:
+        for side, r in (("Kyanite", o), ("onnxruntime", t)):
+            print(
+                f"| {name} | {side} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.2f} | "
+                f"{r['ttft_s']:.2f} | {r['peak_rss_mb']:.0f} | {r['first_run_s']:.1f} |"
+            )
+    print()
+    for name, o, t, same, agree in rows:
+        print(
+            f"{name}: prefill {o['prefill_tok_s'] / t['prefill_tok_s']:.2f}x, decode "
+            f"{o['decode_tok_s'] / t['decode_tok_s']:.2f}x, peak RSS "
+            f"{o['peak_rss_mb'] / t['peak_rss_mb']:.2f}x of onnxruntime's; greedy tokens "
+            + ("identical" if same else f"differ from token {agree}")
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
