@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -276,3 +277,40 @@ def test_a_model_file_rewritten_in_place_is_a_clear_error(tmp_path) -> None:
         plan(g, batch_size=2)
     with pytest.raises(EvaluationError, match="rewritten since it was loaded"):
         optimize(g)
+
+
+def _mapped_rss_kb(path) -> int:
+    """Resident kB of this process's maps of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+            inside = len(head) >= 6 and head[-1] == str(path)
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+def test_loading_leaves_the_mapped_weights_on_disk(tmp_path) -> None:
+    """Hashing an initializer (constants are compared by content) reads every page of it; the
+    loader hands them back, so a loaded model holds none of its mapped weights resident until
+    an executor reads them (which faults them in again: the result is onnxruntime's)."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((1024, 2048)).astype(np.float32)  # 8 MiB
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")],
+    )
+    path = (tmp_path / "big.onnx").resolve()
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    g = load_onnx(path)
+    assert any(isinstance(_root(a), mmap.mmap) for a in _constants(g).values())
+    assert _mapped_rss_kb(path) < 256, _mapped_rss_kb(path)  # of 8192 kB: boundary pages at most
+    x = rng.standard_normal((2, 1024)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(evaluate(g, [x])[0], want[0], rtol=1e-4, atol=1e-4)
