@@ -75,9 +75,21 @@ def positions_of(mask: np.ndarray, count: int) -> np.ndarray:
 
 
 CACHE_BUCKET = 32
-"""Decode steps feed the past padded to a multiple of this many positions (masked, zeros), so
-the graph's past length takes one value per this many tokens: a device plans (and on the CPU
-compiles) a new binding every 32 tokens instead of every token."""
+"""Decode steps feed the past padded to a multiple of this many positions (masked, zeros), or
+of a quarter of the largest power of two not above the past when that is more
+(`padded_length`), so the graph's past length takes one value per this many tokens: a device
+plans (and on the CPU compiles) a new binding every 32 tokens instead of every token, and at
+most four per doubling of the context (a 512-token prompt's decode: every 128 tokens), each
+padding by less than a quarter of the past."""
+
+
+def padded_length(past: int, bucket: int) -> int:
+    """The past length a decode step is fed (`CACHE_BUCKET`): `past` rounded up to a multiple of
+    max(bucket, 2^floor(log2 past) / 4); `past` itself for a bucket of 1."""
+    if bucket <= 1 or past <= 0:
+        return past
+    step = max(bucket, (1 << (past.bit_length() - 1)) // 4)
+    return -(-past // step) * step
 
 
 def _reads(prepared: Any, name: str | None) -> bool:
@@ -101,7 +113,7 @@ class DecoderModel:
     may share one model, their steps interleaved.
 
     `bucket` (default `CACHE_BUCKET` where it is exact, else 1): a decode step's past is fed
-    padded to a multiple of `bucket` positions — zeros the attention mask hides (0 in the mask:
+    padded to `padded_length(past, bucket)` positions — zeros the attention mask hides (0 in the mask:
     a masked key's softmax weight is exactly 0, so its zero key and value add nothing) — and the
     new key and value are taken back out of the present. Exact only where the model reads
     positions from `position_ids` (a model that counts them from the past length, or from the
@@ -142,7 +154,7 @@ class DecoderModel:
             raise ArgumentValueError(
                 f"forward: the mask covers {past} past positions, the cache holds {cache.length}"
             )
-        if self.bucket > 1 and ids.shape[1] == 1 and past % self.bucket:
+        if ids.shape[1] == 1 and padded_length(past, self.bucket) != past:
             return self._padded_step(ids, mask, cache, past), cache
         if fixed is None or fixed == ids.shape[1]:
             return self._step(ids, mask, cache, cache.view()), cache
@@ -161,9 +173,9 @@ class DecoderModel:
     def _padded_step(
         self, ids: np.ndarray, mask: np.ndarray, cache: Cache, past: int
     ) -> np.ndarray:
-        """One decode token after a past padded to the next multiple of `bucket` (class
-        docstring): the cache's zeros past its length are the padding."""
-        pad = -past % self.bucket
+        """One decode token after a past padded to `padded_length` (class docstring): the
+        cache's zeros past its length are the padding."""
+        pad = padded_length(past, self.bucket) - past
         holes = np.zeros((ids.shape[0], pad), mask.dtype)
         return self._step(
             ids,

@@ -112,3 +112,18 @@ def test_the_cache_appends_in_place() -> None:
     r = gen.generate([ref["prompt_ids"][0].tolist()], max_new_tokens=70)
     assert r.ids[0][:64] == tuple(ref["tokens"][0].tolist())
     assert len(bases) == 3, bases
+
+
+def test_padded_lengths_grow_with_the_context() -> None:
+    """Multiples of 32 up to 128 positions, then of a quarter of the largest power of two not
+    above the past: at most four bindings per doubling, none padding by a quarter or more."""
+    from kn_runtime.generate.model import padded_length
+
+    assert [padded_length(p, 32) for p in (1, 19, 32, 33, 127, 129)] == [32, 32, 32, 64, 128, 160]
+    assert [padded_length(p, 32) for p in (512, 513, 640, 641, 2000)] == [512, 640, 640, 768, 2048]
+    assert padded_length(37, 1) == 37
+    for past in range(1, 5000):
+        got = padded_length(past, 32)
+        assert past <= got and (got - past < 32 or got - past < past / 4), past
+    # a 512-token prompt's 128 decode steps meet two past lengths, not five
+    assert {padded_length(p, 32) for p in range(512, 640)} == {512, 640}

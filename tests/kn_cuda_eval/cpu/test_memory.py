@@ -189,3 +189,33 @@ def test_alternating_bindings_of_an_export_share_the_arena_and_stay_right() -> N
     assert len({ex.arena.ctypes.data for ex in executors}) == 1  # type: ignore[attr-defined]
     arena = p.backend.shared(p.graph).arena  # type: ignore[attr-defined]
     assert all(ex._home is arena for ex in executors)  # type: ignore[attr-defined]
+
+
+def test_a_mapped_constant_is_copied_in_chunks_that_hand_their_pages_back(
+    tmp_path, monkeypatch
+) -> None:
+    """`copy_constant` copies a constant that views a mapped file chunk by chunk, each chunk's
+    file pages handed back after it (so a large table is never resident twice): every byte
+    arrives, for a size that is no multiple of the chunk, and the file's pages are gone."""
+    from pathlib import Path
+
+    from kn_cuda_eval.cpu import constants
+    from kn_graph.filemap import MappedFile
+
+    data = np.random.default_rng(4).integers(0, 255, 300_001, dtype=np.uint8)
+    path = (tmp_path / "w.bin").resolve()
+    path.write_bytes(data.tobytes())
+    mapped = np.frombuffer(MappedFile(path).view(0, data.size), np.uint8)
+    monkeypatch.setattr(constants, "COPY_CHUNK", 4096 * 7)
+    arena = np.zeros(data.size + 100, np.uint8)
+    assert int(mapped.sum()) == int(data.sum())  # every page of the map read in
+    constants.copy_constant(arena, 64, mapped)
+    assert np.array_equal(arena[64 : 64 + data.size], data) and not arena[:64].any()
+    rss, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:
+            inside = len(head) >= 6 and head[-1] == str(path)
+        elif line.startswith("Rss:") and inside:
+            rss += int(head[1])
+    assert rss <= 8, rss  # kB: at most the pages at the ends
