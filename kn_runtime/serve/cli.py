@@ -5,6 +5,7 @@ repository for a Triton server of your own.
     kn-serve model.onnx --engine triton --port 8000 --grpc-port 8001   # PyTriton (serve-triton)
     kn-serve export-triton model.onnx repo/ --max-batch-size 16    # a model repository
     kn-serve generate [FOLDER] --engine ray --port 8000   # an LLM folder (default: the tiny LLM)
+    kn-serve generate [FOLDER] --engine triton --grpc-port 8001   # decoupled, streamed over gRPC
     kn-serve triton-stub-env [DIR]        # NumPy 2 here: the environment PyTriton's stub needs
 
 Requests: JSON, `.npy` or `.npz` bodies (`kn_runtime.serve.codec`) on Ray; the KServe v2
@@ -68,8 +69,14 @@ def build_generate_parser() -> OneLineParser:
     ap.add_argument(
         "folder", type=Path, nargs="?", default=None, help="an LLM folder (default: the tiny LLM)"
     )
-    ap.add_argument("--engine", choices=["ray"], default="ray")
+    ap.add_argument(
+        "--engine",
+        choices=["ray", "triton"],
+        default="ray",
+        help="ray: NDJSON over HTTP; triton: decoupled, one response per token over gRPC",
+    )
     ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    ap.add_argument("--grpc-port", type=int, default=8001, help="Triton: gRPC port (8001)")
     ap.add_argument("--address", default=None, help="Ray: a running cluster (default: local)")
     ap.add_argument(
         "--host", default="127.0.0.1", help="Ray: where HTTP listens (0.0.0.0: every interface)"
@@ -98,6 +105,17 @@ def run(argv: list[str]) -> None:
         _positive(gen.threads, "--threads")
         if gen.folder is not None and not gen.folder.is_dir():
             raise CliError(f"folder: '{gen.folder}' is not a folder")
+        if gen.engine == "triton":
+            from kn_runtime.serve.triton import serve_generation_forever as triton_generation
+
+            triton_generation(
+                gen.folder,
+                http_port=gen.port,
+                grpc_port=gen.grpc_port,
+                threads=gen.threads,
+                device=gen.device,
+            )
+            return
         from kn_runtime.serve.ray_generation import serve_generation_forever
 
         serve_generation_forever(

@@ -69,6 +69,7 @@ __all__ = [
     "launch_repository",
     "make_stub_env",
     "serve_forever",
+    "serve_generation_forever",
     "start",
 ]
 
@@ -332,6 +333,39 @@ def serve_forever(
         log.warning(
             "serving %s as '%s': HTTP on port %d, gRPC on port %d (KServe v2; Ctrl-C stops)",
             model_path, name, http_port, grpc_port,
+        )  # fmt: skip
+        triton.serve()
+    finally:
+        triton.stop()
+
+
+def serve_generation_forever(
+    folder: str | os.PathLike[str] | None = None,
+    *,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int | None = None,
+    threads: int | None = 1,
+    device: str = "cpu",
+    name: str = "kyanite-generate",
+    stub_env: str | os.PathLike[str] | None = None,
+) -> None:
+    """`kn-serve generate [FOLDER] --engine triton`: load the LLM folder (None: the tiny LLM),
+    start the server, bind it decoupled (`bind_generator`: one response per token, streamed over
+    gRPC), serve until Ctrl-C or the server dies (then stop it)."""
+    from kn_runtime.generate.generator import load_generator
+    from kn_runtime.serve.loading import resolve_device
+
+    generator = load_generator(folder, resolve_device(device, threads))
+    triton = start(
+        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, stub_env=stub_env
+    )
+    try:
+        bind_generator(triton, generator, name=name)
+        log.warning(
+            "generating with %s as '%s' (decoupled: stream it over gRPC on port %d; HTTP on "
+            "port %d; Ctrl-C stops)",
+            "the tiny LLM" if folder is None else folder, name, grpc_port, http_port,
         )  # fmt: skip
         triton.serve()
     finally:

@@ -39,7 +39,7 @@ def grpc_url() -> Iterator[str]:
         triton.stop()
 
 
-def _stream(url: str, settings: dict[str, Any]) -> list[Any]:
+def _stream(url: str, settings: dict[str, Any], model: str = "gen") -> list[Any]:
     """Every response of one streamed request (an error as its exception), up to the final
     empty one."""
     import tritonclient.grpc as tc
@@ -62,7 +62,7 @@ def _stream(url: str, settings: dict[str, Any]) -> list[Any]:
     responses: list[Any] = []
     try:
         client.start_stream(callback=lambda result, error: got.put(error or result))
-        client.async_stream_infer("gen", inputs, enable_empty_final_response=True)
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
         while True:
             item = got.get(timeout=WAIT_S)
             if isinstance(item, Exception):
@@ -93,3 +93,46 @@ def test_a_bad_setting_is_the_requests_error(grpc_url: str) -> None:
     responses = _stream(grpc_url, {"prompt": "a", "top_p": 0.0})
     assert len(responses) == 1 and isinstance(responses[0], Exception)
     assert "top_p" in str(responses[0])
+
+
+def test_kn_serve_generate_on_triton_streams_the_tokens() -> None:
+    """`kn-serve generate --engine triton` (the tiny LLM) as a user starts it: ready once the
+    model is, a request streamed over gRPC gives the direct generation's text, Ctrl-C stops it
+    (PyTriton's `serve()` takes the signal and returns: status 0; 130 if it reaches us)."""
+    import signal
+    import subprocess
+    import time
+
+    import tritonclient.http as th
+
+    http_port, grpc_port = free_ports(2)
+    cmd = [sys.executable, "-m", "kn_runtime.serve.cli", "generate", "--engine", "triton"]
+    cmd += ["--port", str(http_port), "--grpc-port", str(grpc_port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        client = th.InferenceServerClient(f"localhost:{http_port}")
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            try:
+                if client.is_model_ready("kyanite-generate"):
+                    break
+            except Exception:  # not listening yet
+                pass
+            assert time.monotonic() < deadline, "kn-serve generate did not become ready"
+            time.sleep(0.5)
+        prompt = "Once upon a time"
+        expected = load_generator().generate(prompt, max_new_tokens=8)
+        responses = _stream(
+            f"localhost:{grpc_port}", {"prompt": prompt, "max_new_tokens": 8}, "kyanite-generate"
+        )
+        assert not any(isinstance(r, Exception) for r in responses), responses
+        assert "".join(r.as_numpy("text")[0].decode() for r in responses) == expected.text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert code in (0, 130), proc.communicate()[1][-2000:]
