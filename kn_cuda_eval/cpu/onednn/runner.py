@@ -27,6 +27,7 @@ from kn_cuda_eval.cpu.onednn.memory import Owner, Packing
 from kn_cuda_eval.cpu.onednn.threads import omp_thread_setter
 from kn_cuda_eval.planning import steps as st
 from kn_graph.errors import EvaluationError
+from kn_graph.filemap import release_pages
 
 __all__ = ["Call", "Runner", "arena_base", "build_owned", "exec_args", "pack", "run_calls"]
 
@@ -134,16 +135,23 @@ def pack(
 ) -> int:
     """The constant weights of memory `src` (layout `plain_md`) in layout `packed_md`: taken
     from the store, or loaded, packed once here and kept there."""
+    source = None
     if packing is not None:
         hit = packing.store.find(o.lib, packing.key, packed_md)
         if hit is not None:
             return hit
-        packing.load()
+        if packing.source is not None:  # from the constant itself: the arena never holds it
+            source = packing.source
+            src = o.memory(plain_md, packing.source_at)
+        else:
+            packing.load()
         mem = packing.store.new(o.lib, packing.key, packed_md, packing.keep)
     else:
         mem = o.memory(packed_md, MEMORY_ALLOCATE)
     reorder = o.reorder(plain_md, packed_md)
     run_calls(o.lib, [(reorder, exec_args([(ARG_FROM, src), (ARG_TO, mem)]))], step)
+    if source is not None:
+        release_pages(source)  # a mapped model file's pages: read once, packed, given back
     return mem
 
 

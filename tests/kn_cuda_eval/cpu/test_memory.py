@@ -219,3 +219,24 @@ def test_a_mapped_constant_is_copied_in_chunks_that_hand_their_pages_back(
         elif line.startswith("Rss:") and inside:
             rss += int(head[1])
     assert rss <= 8, rss  # kB: at most the pages at the ends
+
+
+def test_packed_weights_are_packed_from_the_constant_and_never_copied_in() -> None:
+    """A constant oneDNN packs is packed straight from its own bytes: its region of the arena is
+    never written (all zero) while the products are right (both convolutions' weights and the
+    GEMM's)."""
+    g, values = _dynamic_model()
+    p = Device.cpu(threads=2).prepare(g)
+    _check(p, g, _feed(8, 5), "h=w=8, s=5")
+    if onednn.available() is not None:
+        return  # nothing packed: every constant is read in the arena
+    (ex,) = p.cache.values()
+    arena = ex.arena  # type: ignore[attr-defined]
+    weights = [g.const_value(v) for v in values]
+    regions = [
+        (off, d)
+        for off, d in ex.plan.constants  # type: ignore[attr-defined]
+        if any(d.size == w.size and np.array_equal(d.reshape(-1), w.reshape(-1)) for w in weights)
+    ]
+    assert len(regions) == 3, [d.shape for _, d in ex.plan.constants]  # type: ignore[attr-defined]
+    assert all(not arena[off : off + d.nbytes].any() for off, d in regions)
