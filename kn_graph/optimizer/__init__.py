@@ -15,6 +15,7 @@ from kn_graph.optimizer import intweights  # noqa: F401  (split_int_weights)
 from kn_graph.optimizer import affine  # noqa: F401  (after detection: must not eat patterns)
 from kn_graph.optimizer import clamp  # noqa: F401  (fuse_clamp)
 from kn_graph.optimizer import pool  # noqa: F401  (max_through_pool)
+from kn_graph.optimizer import grouped  # noqa: F401  (group_shared_matmul)
 
 # isort: on
 from kn_graph.optimizer.core import REWRITES, OptimizerSettings, Rewriter, optimize, rewrite

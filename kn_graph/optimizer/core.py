@@ -91,6 +91,10 @@ class OptimizerSettings:
     """An integer convolution whose constant weights minus their zero point do not fit
     `qdq_weight_bits` becomes two that do (`kn_graph.optimizer.intweights`). Off by default: a
     device whose int8 convolutions take only signed 8-bit weights turns it on."""
+    group_shared_matmul: bool = True
+    """A batched product whose right operand repeats G groups R times (grouped-query
+    attention's repeated keys and values) becomes one product per group with R times the rows
+    (`kn_graph.optimizer.grouped`): the repeats are never materialized."""
     max_rounds: int = 4
     """Rebuild rounds until the value count stops shrinking."""
 
