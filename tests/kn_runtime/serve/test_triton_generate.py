@@ -72,7 +72,9 @@ def _stream(url: str, settings: dict[str, Any], model: str = "gen") -> list[Any]
                 return responses
             responses.append(item)
     finally:
-        client.stop_stream()
+        # cancel what is left: after an error response the server may never end the stream,
+        # and a plain stop_stream() then waits for it forever (a CI run hung there)
+        client.stop_stream(cancel_requests=True)
         client.close()
 
 
