@@ -134,13 +134,11 @@ class ArenaConstants:
                 ident = constant_identity(data) if off < self.own_from else _content(data)
                 key = (ident, lo - off, view.shape, view.strides, view.dtype.name)
                 load = functools.partial(self.copy_deferred, k, False)
-                if not data.flags.c_contiguous or view.offset < off:
-                    return onednn.Packing(store, key, load, data)
-                # packed from the constant's own bytes: a deferred constant is never copied
-                # into the arena (2.5 GB of Qwen2-0.5B's weights: 3.5 s of a cold start, and
-                # each weight held twice, arena and packed, while it was packed)
-                at = int(data.ctypes.data) + view.offset - off
-                return onednn.Packing(store, key, load, data, source=data, source_at=at)
+                # packed from the constant's own bytes where they lie as in the arena: a deferred
+                # constant is never copied in (2.5 GB of Qwen2-0.5B's weights: 3.5 s of a cold
+                # start, and each weight held twice, arena and packed, while it was packed)
+                at = int(data.ctypes.data) + view.offset - off if data.flags.c_contiguous else None
+                return onednn.Packing(store, key, load, data, source_at=at)
         return None
 
     def finish(self) -> None:

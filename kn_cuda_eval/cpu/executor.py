@@ -210,6 +210,11 @@ class HostExecutor:
         )
         return at - scratch + used
 
+    @functools.cached_property
+    def _plan_consts(self) -> onednn.Constants:
+        """The plan's constant values, as the integer steps' runners read them (built once)."""
+        return onednn.Constants(self.plan.constants, self.plan.const_size)
+
     def _layouts(self) -> dict[int, frozenset[str]]:
         """The layout pass (`layouts.blocked_roles`) over oneDNN's choices for every conv step;
         keeps the descriptors of the convs that read or write a blocked activation."""
@@ -223,9 +228,8 @@ class HostExecutor:
                 if d is not None:
                     self._descs[k] = d
         formats: dict[int, layouts.Formats] = dict(self._descs)
-        consts = onednn.Constants(self.plan.constants, self.plan.const_size)
         for k, s in enumerate(self.steps):
-            if isinstance(s, st.IntConv) and (f := onednn.int_conv_formats(s, consts)):
+            if isinstance(s, st.IntConv) and (f := onednn.int_conv_formats(s, self._plan_consts)):
                 formats[k] = f  # the pass rewrites its views: its runner reads them as stored
         choice = layouts.choose_layouts(self.steps, self.plan.outputs, formats)
         for k in [k for k in self._descs if k not in choice.roles]:
@@ -422,7 +426,7 @@ class HostExecutor:
                     return fn, "onednn/blas gemm"
                 return _matmul_numpy(self.arena, s), "numpy matmul"
             case st.IntMatMul() | st.IntConv() if self._onednn:
-                consts = onednn.Constants(self.plan.constants, self.plan.const_size)
+                consts = self._plan_consts
                 args = (self.arena, self.threads)
                 r = (
                     onednn.int_matmul_runner(s, *args, constants=consts, workspace=self._ws)

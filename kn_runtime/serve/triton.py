@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -318,22 +318,31 @@ def serve_forever(
     from kn_runtime.serve.loading import load_model
 
     model = load_model(model_path, device=device, threads=threads, max_batch_size=max_batch_size)
-    triton = start(
-        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, stub_env=stub_env
-    )
-    try:
-        bind(
+    _serve_until_stopped(
+        lambda triton: bind(
             triton,
             model,
             name=name,
             max_batch_size=max_batch_size,
             max_queue_delay_us=max_queue_delay_us,
             instances=instances,
-        )
-        log.warning(
-            "serving %s as '%s': HTTP on port %d, gRPC on port %d (KServe v2; Ctrl-C stops)",
-            model_path, name, http_port, grpc_port,
-        )  # fmt: skip
+        ),
+        f"serving {model_path} as '{name}': HTTP on port {http_port}, gRPC on port {grpc_port} "
+        "(KServe v2; Ctrl-C stops)",
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        stub_env=stub_env,
+    )
+
+
+def _serve_until_stopped(bind_to: Callable[[Any], None], message: str, **server: Any) -> None:
+    """Start the server (`start(**server)`), bind the model with `bind_to(triton)`, say
+    `message`, serve until Ctrl-C or the server dies, then stop it."""
+    triton = start(**server)
+    try:
+        bind_to(triton)
+        log.warning("%s", message)
         triton.serve()
     finally:
         triton.stop()
@@ -357,19 +366,16 @@ def serve_generation_forever(
     from kn_runtime.serve.loading import resolve_device
 
     generator = load_generator(folder, resolve_device(device, threads))
-    triton = start(
-        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, stub_env=stub_env
+    what = "the tiny LLM" if folder is None else folder
+    _serve_until_stopped(
+        lambda triton: bind_generator(triton, generator, name=name),
+        f"generating with {what} as '{name}' (decoupled: stream it over gRPC on port "
+        f"{grpc_port}; HTTP on port {http_port}; Ctrl-C stops)",
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        stub_env=stub_env,
     )
-    try:
-        bind_generator(triton, generator, name=name)
-        log.warning(
-            "generating with %s as '%s' (decoupled: stream it over gRPC on port %d; HTTP on "
-            "port %d; Ctrl-C stops)",
-            "the tiny LLM" if folder is None else folder, name, grpc_port, http_port,
-        )  # fmt: skip
-        triton.serve()
-    finally:
-        triton.stop()
 
 
 # -- a model repository on the bundled server ---------------------------------------------------

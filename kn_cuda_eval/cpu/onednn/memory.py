@@ -227,16 +227,15 @@ class Workspace:
 class Packing:
     """How a runner gets its constant weights packed: from `store` when an executor of the same
     prepared graph packed the same weights (`key`) into the same layout, else packed here —
-    straight from `source` when given (the constant's own bytes: `source_at` is the address of
-    the operand's first byte in them, laid out as in the arena), or after `load()` has copied
-    the plain weights into the arena."""
+    straight from the constant `keep` when `source_at` is given (the address of the operand's
+    first byte in it, laid out as in the arena), or after `load()` has copied the plain weights
+    into the arena."""
 
     store: PackedWeights
     key: Hashable
     load: Callable[[], None]
-    keep: object = None  # the constant keyed by its address: alive while its entry is
-    source: np.ndarray | None = None
-    source_at: int = 0
+    keep: np.ndarray | None = None  # the constant keyed by its address: alive while its entry is
+    source_at: int | None = None
 
 
 class PackedWeights:

@@ -135,13 +135,11 @@ def pack(
 ) -> int:
     """The constant weights of memory `src` (layout `plain_md`) in layout `packed_md`: taken
     from the store, or loaded, packed once here and kept there."""
-    source = None
     if packing is not None:
         hit = packing.store.find(o.lib, packing.key, packed_md)
         if hit is not None:
             return hit
-        if packing.source is not None:  # from the constant itself: the arena never holds it
-            source = packing.source
+        if packing.source_at is not None:  # from the constant itself: the arena never holds it
             src = o.memory(plain_md, packing.source_at)
         else:
             packing.load()
@@ -150,8 +148,8 @@ def pack(
         mem = o.memory(packed_md, MEMORY_ALLOCATE)
     reorder = o.reorder(plain_md, packed_md)
     run_calls(o.lib, [(reorder, exec_args([(ARG_FROM, src), (ARG_TO, mem)]))], step)
-    if source is not None:
-        release_pages(source)  # a mapped model file's pages: read once, packed, given back
+    if packing is not None and packing.source_at is not None and packing.keep is not None:
+        release_pages(packing.keep)  # a mapped model file's pages: read once, packed, given back
     return mem
 
 

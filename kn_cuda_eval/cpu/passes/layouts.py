@@ -73,7 +73,8 @@ def is_flat(s: st.Step) -> bool:
     every operand to element i of every result, whatever order they are stored in (the same
     order for all: a requantization reads int32 and writes int8 element by element)."""
     if not isinstance(s, st.Elementwise) or len(s.shape) != 1 or s.indices:
-        return False  # (a broadcast operand, stride 0, is one element whatever the layout)
+        return False
+    # a broadcast operand (stride 0) is one element whatever the layout
     return all(v.strides == (1,) for v in s.outputs) and all(
         v.strides in ((1,), (0,)) for v in s.inputs
     )

@@ -5,6 +5,8 @@ exporters write) and on the Qwen2 fixture, whose decode plan then copies no repe
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from kn_graph.onnx import load_onnx
 from kn_graph.ops import Broadcast, MatMul
 from kn_graph.optimizer import OptimizerSettings, optimize
 from kn_graph.reference import evaluate
+from kn_runtime import Device
 from tests.paths import MODELS
 
 B, G, R, S, L, D = 2, 2, 3, 4, 7, 5
@@ -72,6 +75,27 @@ def test_products_take_a_groups_heads_as_rows(scale_keys: bool) -> None:
     ]
     assert shapes == [Shape.of(B * G, R * S, D), Shape.of(B * G, R * S, L)], shapes
     np.testing.assert_allclose(evaluate(grouped, feed)[0], evaluate(plain, feed)[0], rtol=1e-12)
+
+
+def test_the_cpu_backend_runs_the_grouped_products_nan_and_all() -> None:
+    """Device.cpu() on the graph optimized with its settings (attention detection off, which
+    would fuse this mask-free pattern into one op) against the reference of the graph as built:
+    equal to rounding, and a NaN key of group 0 poisons exactly the rows of that group's R query
+    heads, not the other group's."""
+    g = _attention(scale_keys=True)
+    settings = dataclasses.replace(Device.cpu().optimizer_settings(), detect_attention=False)
+    grouped = optimize(g, settings)
+    assert _repeated_operands(grouped) == 0
+    rng = np.random.default_rng(2)
+    feed = [rng.standard_normal((B, H, S, D)), *(rng.standard_normal((B, G, L, D)) for _ in "kv")]
+    feed[1][0, 0, 3, 1] = np.nan  # batch 0, KV head 0
+    want = evaluate(g, feed)[0]
+    got = Device.cpu(threads=2).prepare(grouped).eval(feed)[0]
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert (
+        np.isnan(got[0, :R]).all() and not np.isnan(got[0, R:]).any() and not np.isnan(got[1]).any()
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
 def test_the_qwen2_fixtures_decode_plan_copies_no_repeated_cache() -> None:
