@@ -21,6 +21,7 @@ from kn_graph.ops import (
     Attention,
     Binary,
     BinaryOp,
+    BlockQuantMatMul,
     Conv,
     ConvDetails,
     Dynamic,
@@ -235,6 +236,43 @@ class ComputeBuilders(LayoutBuilders):
                     f"int_matmul: {name} of shape {zi.shape} does not broadcast to {shape}"
                 ) from None
         return self._push(Shape.of(bsz, m, n), DType.I32, IntMatMul(a, b, *zeros))
+
+    def block_quant_matmul(
+        self, a: Value, packed: Value, scales: Value, zeros: Value, bits: int, block: int
+    ) -> Value:
+        """a [m, k] @ Wᵀ with W [n, k] block-quantized (`BlockQuantMatMul`): packed uint8
+        [n, ceil(k / block), block · bits / 8], scales and zeros float32 [n, ceil(k / block)]."""
+        ai, pi = self[a], self[packed]
+        if bits not in (2, 4, 8):
+            raise GraphError(f"block_quant_matmul: bits must be 2, 4 or 8, found {bits}")
+        if block < 8 or block & (block - 1):
+            raise GraphError(
+                f"block_quant_matmul: block must be a power of two >= 8, found {block}"
+            )
+        if ai.rank != 2 or ai.dtype not in (DType.F32, DType.F16):
+            raise GraphError(
+                f"block_quant_matmul: a must be f32 or f16 [m, k], found {ai.dtype}{ai.shape}"
+            )
+        k = ai.shape[1].fixed_value()
+        if k is None:
+            raise GraphError(f"block_quant_matmul: k must be a fixed size, found {ai.shape[1]}")
+        blocks = -(-k // block)
+        per_block = Shape.of(blocks, block * bits // 8).dims
+        if pi.dtype != DType.U8 or pi.rank != 3 or pi.shape.dims[1:] != per_block:
+            raise GraphError(
+                f"block_quant_matmul: packed must be u8 [n, {blocks}, {block * bits // 8}] for "
+                f"k={k}, found {pi.dtype}{pi.shape}"
+            )
+        n = pi.shape[0]
+        for name, v in (("scales", scales), ("zeros", zeros)):
+            vi = self[v]
+            if vi.dtype != DType.F32 or vi.shape != Shape.of(n, blocks):
+                raise GraphError(
+                    f"block_quant_matmul: {name} must be f32 [{n}, {blocks}], found "
+                    f"{vi.dtype}{vi.shape}"
+                )
+        op = BlockQuantMatMul(a, packed, scales, zeros, bits, block)
+        return self._push(Shape.of(ai.shape[0], n), ai.dtype, op)
 
     def unary(self, op: UnaryOp, x: Value) -> Value:
         info = self[x]

@@ -23,6 +23,7 @@ __all__ = [
     "Attention",
     "Binary",
     "BinaryOp",
+    "BlockQuantMatMul",
     "Broadcast",
     "Concat",
     "Constant",
@@ -465,6 +466,28 @@ class IntConv(Op):
 
     def attrs(self) -> str:
         return self.details.describe()
+
+
+@dataclass(frozen=True, slots=True)
+class BlockQuantMatMul(Op):
+    """a [m, k] @ Wᵀ -> [m, n] in a's type (f32 or f16), W [n, k] block-quantized along k (onnxruntime's
+    MatMulNBits): W[j, i] = (q[j, i] - zeros[j, i // block]) · scales[j, i // block] in float32,
+    q the `bits`-bit unsigned values packed low-order bits first in uint8 `packed`
+    [n, ceil(k / block), block · bits / 8]; scales and zeros float32 [n, ceil(k / block)]. The
+    weights stay packed: a device without a step for it dequantizes them once
+    (`kn_graph.blockquant.lower_block_products`)."""
+
+    a: Value
+    packed: Value
+    scales: Value
+    zeros: Value
+    bits: int
+    block: int
+    OPERANDS: ClassVar[tuple[str, ...]] = ("a", "packed", "scales", "zeros")
+    NAME: ClassVar[str] = "block_quant_matmul"
+
+    def attrs(self) -> str:
+        return f"bits={self.bits} block={self.block}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ import numpy as np
 
 from kn_graph import numpy_ops
 from kn_graph.binding import Inputs, available_bytes, bind_inputs
+from kn_graph.blockquant import dequantize
 from kn_graph.dynamic import bind_results, outer_bindings, run_dynamic
 from kn_graph.errors import (
     EvaluationError,
@@ -31,6 +32,7 @@ from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
     Attention,
     Binary,
+    BlockQuantMatMul,
     Broadcast,
     Concat,
     Constant,
@@ -210,6 +212,11 @@ def _compute(
         case MatMul(a, b):
             with np.errstate(over="ignore", invalid="ignore"):  # NaN/Inf flow, as in every op
                 return np.matmul(get(a), get(b))
+        case BlockQuantMatMul(a, packed, scales, zeros, bits, block):
+            x = get(a)
+            w = dequantize(get(packed), get(scales), get(zeros), bits, block, x.shape[1])
+            with np.errstate(over="ignore", invalid="ignore"):
+                return np.matmul(x, w.T.astype(x.dtype))
         case IntMatMul(a, b, za, zb):
             return _wrap_i32(np.matmul(_shifted(get(a), get(za)), _shifted(get(b), get(zb))))
         case IntConv(x, w, zx, zw, details):

@@ -29,6 +29,7 @@ from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
     Attention,
     Binary,
+    BlockQuantMatMul,
     Broadcast,
     Concat,
     Constant,
@@ -84,7 +85,7 @@ def family(op: Op) -> str:
             return "view / shape"
         case Unary() | Binary() | Select():
             return "elementwise"
-        case MatMul() | Conv() | IntMatMul() | IntConv():
+        case MatMul() | Conv() | IntMatMul() | IntConv() | BlockQuantMatMul():
             return "matmul / conv"
         case Reduce() | Softmax() | Layernorm():
             return "reduce / norm"

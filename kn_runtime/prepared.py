@@ -214,6 +214,16 @@ class PreparedGraph:
                 return self._runner.run(self.graph, inputs, self.batch_size, host_outputs=host)
             return self._repeat_executor(inputs).eval(inputs, **self._kw(return_device))
 
+    def resident_executor(self, inputs: Inputs) -> Any:
+        """The executor `eval(inputs)` would run when it keeps inputs in its arena between
+        evaluations (the CPU backend's `input_view`, `kept_inputs`), else None (other devices,
+        graphs run in segments or per value). A decoder keeps its cache there."""
+        if self._specializing is not None or self._direct is not None or self._runner is not None:
+            return None
+        with self._lock:
+            ex = self._repeat_executor(inputs)
+        return ex if hasattr(ex, "input_view") else None
+
     def _repeat_executor(self, inputs: Inputs) -> Executor:
         """The executor for these inputs; a call whose inputs have the shapes, dtypes (and names)
         of the last one reuses its executor while the cache has let go of nothing since (a

@@ -67,6 +67,7 @@ class HostArena:
         self._spans: list[tuple[int, int]] = []  # the layout's constants, by offset
         self.resident: set[int] = set()  # offsets of graph constants whose bytes are here
         self.last: object = None  # the executor that ran last (its own constants are in place)
+        self.runs = 0  # evaluations on this arena (by any of its executors) so far
 
     @property
     def capacity(self) -> int:

@@ -67,7 +67,7 @@ from kn_cuda_eval.planning.profile import Profile, ProfileRow
 from kn_cuda_eval.planning.settings import PlanSettings
 from kn_cuda_eval.planning.work import plan_work
 from kn_graph.dtype import DType
-from kn_graph.errors import EvaluationError, KnError, ShapeMismatchError
+from kn_graph.errors import ArgumentValueError, EvaluationError, KnError, ShapeMismatchError
 from kn_graph.graph import Graph
 from kn_graph.ops import Conv
 
@@ -142,7 +142,15 @@ class HostExecutor:
         self.threads = default_threads() if threads is None else max(1, int(threads))
         self._policy = wait_policy(self.threads)
         has_lib = any(
-            isinstance(s, st.Conv | st.MatMul | st.Attention | st.IntMatMul | st.IntConv)
+            isinstance(
+                s,
+                st.Conv
+                | st.MatMul
+                | st.Attention
+                | st.IntMatMul
+                | st.IntConv
+                | st.BlockQuantMatMul,
+            )
             for s in plan.steps
         )
         self._onednn = has_lib and onednn_usable()
@@ -348,8 +356,9 @@ class HostExecutor:
             self._ws.bind()
         self._constants.finish()
         if self.library is not None and self._onednn:
-            execute = onednn.load_dnnl().fns["dnnl_primitive_execute"]
-            self.library.set_dnnl(ctypes.cast(execute, ctypes.c_void_p).value)
+            fns = onednn.load_dnnl().fns
+            self.library.set_dnnl(ctypes.cast(fns["dnnl_primitive_execute"], ctypes.c_void_p).value)
+            self.library.set_sgemm(ctypes.cast(fns["dnnl_sgemm"], ctypes.c_void_p).value)
         entries = [self._entries(k) for k in range(len(self.steps))]
         self.segments = segments(self.library, self._base, entries, self._host, self._keep)
         self._lock = threading.Lock()
@@ -504,9 +513,46 @@ class HostExecutor:
         return EvaluationError(f"step {k} ({s.describe()[:200]}): {type(e).__name__}: {e}")
 
     def _load(self, inputs: Inputs) -> None:
+        loaded = 0
         for view, a in zip(self._inputs, self._arrays(inputs), strict=True):
-            if view.size:
+            if view.size and a is not view:  # an input's own view (`input_view`) is in place
                 np.copyto(view, a)
+                loaded += view.nbytes
+        self.loaded_bytes = loaded
+        """Bytes the last evaluation copied into the arena (inputs fed as their `input_view`
+        cost none)."""
+
+    def input_view(self, name: str) -> np.ndarray:
+        """Input `name` where it lives in the arena. Fed back as that input (this very array),
+        it is not copied; what the caller writes into it between evaluations stays there until
+        an evaluation of another executor of the arena or of other inputs (`arena_runs` counts
+        the arena's evaluations). With `PlanSettings.inputs_in_concat` a decoder's past is such
+        an input: the cache stays in the arena, and a decode step copies none of it."""
+        try:
+            k = self.plan.input_names.index(name)
+        except ValueError:
+            raise ArgumentValueError(
+                f"input_view: no input {name!r} (inputs: {list(self.plan.input_names)})"
+            ) from None
+        return self._inputs[k]
+
+    @property
+    def kept_inputs(self) -> frozenset[str]:
+        """Inputs whose arena region no step writes and no other buffer reuses (live to the end
+        of the plan: `PlanSettings.inputs_in_concat`): what a caller writes into their
+        `input_view` stays until another evaluation on the arena."""
+        end = len(self.plan.steps) - 1
+        kept = set()
+        for name, v in zip(self.plan.input_names, self.plan.inputs, strict=True):
+            for b in self.plan.buffers:
+                if b.offset <= v.offset < b.end and b.last >= end:
+                    kept.add(name)
+        return frozenset(kept)
+
+    @property
+    def arena_runs(self) -> int:
+        """Evaluations on this executor's arena so far, by any executor that shares it."""
+        return self._home.runs
 
     def _arrays(self, inputs: Inputs) -> Sequence[np.ndarray]:
         """The inputs in plan order, checked against the arena views they go to: NumPy arrays
@@ -548,6 +594,7 @@ class HostExecutor:
         (one arena)."""
         with self._lock:
             self._claim()
+            self._home.runs += 1
             self._load(inputs)
             self._threads_here()
             self._run()
@@ -558,6 +605,7 @@ class HostExecutor:
         rows: list[ProfileRow] = []
         with self._lock:
             self._claim()
+            self._home.runs += 1
             self._load(inputs)
             self._threads_here()
             for k, s in enumerate(self.steps):
@@ -613,8 +661,13 @@ def host_plan_settings(graph: Graph) -> PlanSettings:
     once per process, and only for a graph with a convolution); elsewhere it is an
     elementwise step of its own."""
     if not any(isinstance(graph[v].op, Conv) for v in graph.values()) or not onednn_usable():
-        return PlanSettings(integer_steps=True)
-    return PlanSettings(fuse_conv_relu=fuse.relu_agrees(DType.F32), integer_steps=True)
+        return PlanSettings(integer_steps=True, block_quant_steps=True, inputs_in_concat=True)
+    return PlanSettings(
+        fuse_conv_relu=fuse.relu_agrees(DType.F32),
+        integer_steps=True,
+        block_quant_steps=True,
+        inputs_in_concat=True,
+    )
 
 
 def host_executor(

@@ -54,6 +54,8 @@ class HostLibrary:
         self.openmp = bool(lib.kn_openmp())
         self.set_dnnl = lib.kn_set_dnnl
         self.set_dnnl.restype, self.set_dnnl.argtypes = None, [ctypes.c_void_p]
+        self.set_sgemm = lib.kn_set_sgemm
+        self.set_sgemm.restype, self.set_sgemm.argtypes = None, [ctypes.c_void_p]
         self.last_status = lib.kn_last_status
         self.last_status.restype, self.last_status.argtypes = ctypes.c_int, []
         self._lib = lib

@@ -184,13 +184,15 @@ def assign_memory(
     inputs: Sequence[StridedView],
     outputs: Sequence[StridedView],
     graph_arrays: frozenset[int],
+    resident: Sequence[StridedView] = (),
 ) -> Layout:
     """Give every buffer its arena offset and rebase the steps and the input and output views
     (all in planning addresses) onto them. `graph_arrays`: the ids of the graph's own constant
-    arrays, placed first."""
+    arrays, placed first; `resident`: views whose buffers stay live to the end, as outputs do
+    (inputs a caller keeps in the arena between evaluations)."""
     n = len(steps)
     end = max(n - 1, 0)
-    first, last = live_ranges(steps, bufs, outputs)
+    first, last = live_ranges(steps, bufs, [*outputs, *resident])
     base, buffers, constants, const_size = _place_constants(bufs, first, last, graph_arrays, end)
     status_off = const_size
     buffers.append(Buffer("status", BufferKind.STATUS, status_off, 4, 0, end))

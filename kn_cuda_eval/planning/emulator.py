@@ -22,6 +22,7 @@ from kn_cuda_eval.planning.limits import check_plan
 from kn_cuda_eval.planning.plan import Plan
 from kn_cuda_eval.planning.view import StridedView
 from kn_graph.binding import available_bytes
+from kn_graph.blockquant import dequantize
 from kn_graph.dtype import DType
 from kn_graph.errors import EvaluationError, InputMismatchError
 from kn_graph.ops import ReduceOp
@@ -162,6 +163,8 @@ def _scratch_bytes(s: st.Step) -> int:
             return 8 * (cols + 2 * s.out.numel + s.x.numel + s.w.numel)
         case st.IntMatMul():
             return 8 * (s.a.numel + s.b.numel + 2 * s.out.numel)
+        case st.BlockQuantMatMul():
+            return 4 * (s.a.numel + s.out.numel + 2 * s.out.shape[1] * s.a.shape[1])
         case st.Gather():
             return 8 * (s.out.numel + s.indices.numel)
         case st.Attention():
@@ -190,6 +193,11 @@ def _step(arena: np.ndarray, s: st.Step) -> None:
             _int_matmul(arena, s)
         case st.IntConv():
             _int_conv(arena, s)
+        case st.BlockQuantMatMul():
+            a = _nd(arena, s.a)
+            consts = (_nd(arena, v) for v in (s.packed, s.scales, s.zeros))
+            w = dequantize(*consts, s.bits, s.block, s.a.shape[1])
+            _store(arena, s.out, np.matmul(a, w.T.astype(a.dtype)))
         case st.Reduce(x, out, op):
             _store(
                 arena,

@@ -1,6 +1,7 @@
 """Integer products (`IntMatMul`, `IntConv`) as integer steps of their own, planned when
 `PlanSettings.integer_steps` is on (the CPU backend, which runs them through oneDNN's int8
-primitives); otherwise `plan()` has lowered them to float64 GEMMs and convolutions already."""
+primitives); otherwise `plan()` has lowered them to float64 GEMMs and convolutions already. The
+same for block-quantized products (`BlockQuantMatMul`, `PlanSettings.block_quant_steps`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ from kn_cuda_eval.planning.context import PlannerContext
 from kn_cuda_eval.planning.view import StridedView
 from kn_graph.dtype import DType
 from kn_graph.errors import PlanError
-from kn_graph.ops import Broadcast, IntConv, IntMatMul, Value, View
+from kn_graph.ops import BlockQuantMatMul, Broadcast, IntConv, IntMatMul, Value, View
 
-__all__ = ["plan_int_conv", "plan_int_matmul", "plan_integer_product"]
+__all__ = [
+    "GEMM_ROWS",
+    "TILE_FLOATS",
+    "block_scratch",
+    "plan_block_product",
+    "plan_int_conv",
+    "plan_int_matmul",
+    "plan_integer_product",
+]
 
 
 def plan_integer_product(p: PlannerContext, i: int, op: IntMatMul | IntConv) -> None:
@@ -67,3 +76,39 @@ def plan_int_conv(p: PlannerContext, i: int, op: IntConv) -> None:
     d = op.details
     if out.numel > 0:
         p.steps.append(st.IntConv(x, w, zx, zw, out, d.stride, d.padding, d.dilation, d.groups))
+
+
+def plan_block_product(p: PlannerContext, i: int, op: BlockQuantMatMul) -> None:
+    """out [m, n] = a @ dequantized weightsᵀ over dense a and the packed constants as stored
+    (PlanError without `block_quant_steps`: `plan()` lowers the op otherwise)."""
+    if not p.s.block_quant_steps:
+        raise PlanError(
+            f"{p.g.format_value(p.val(i))}: block-quantized products are lowered before "
+            "planning without PlanSettings.block_quant_steps (kn_graph.blockquant)"
+        )
+    out = p.temp(p.shape(i), p.g[p.val(i)].dtype, p.name(i))
+    p.state[i] = out
+    a = p.dense(p.mat(op.a.index), p.name(op.a.index))
+    consts = [p.dense(p.mat(v.index), p.name(v.index)) for v in (op.packed, op.scales, op.zeros)]
+    if out.numel > 0:
+        (m, k), n = a.shape, out.shape[1]
+        nbytes = block_scratch(m, k, n, op.block)
+        scratch = p.temp((nbytes,), DType.U8, f"{p.name(i)}/scratch")
+        p.steps.append(st.BlockQuantMatMul(a, *consts, out, scratch, op.bits, op.block))
+
+
+GEMM_ROWS = 16
+"""From this many rows of f32 a, the CPU kernel dequantizes tiles of weights and multiplies them
+with oneDNN's sgemm (prefill); below, it reads the packed weights directly (decode)."""
+
+TILE_FLOATS = 1 << 22
+"""Dequantized weights per tile (16 MB): a whole matrix of a 0.5B-parameter LLM's layers."""
+
+
+def block_scratch(m: int, k: int, n: int, block: int) -> int:
+    """Bytes of scratch the CPU kernel of a BlockQuantMatMul needs: 16 (the tile being
+    dequantized), a's rows reordered as float32, and with `GEMM_ROWS` rows or more a tile of
+    dequantized weights (the direct path stays the fallback when oneDNN is absent)."""
+    kp = -(-k // block) * block
+    tile = min(n, max(1, TILE_FLOATS // kp)) * kp if m >= GEMM_ROWS else 0
+    return 16 + 4 * (m * kp + tile)

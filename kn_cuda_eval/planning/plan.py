@@ -25,6 +25,7 @@ from kn_cuda_eval.planning.planner import Planner, bind_symbols
 from kn_cuda_eval.planning.settings import PlanSettings
 from kn_cuda_eval.planning.validate import validate_once, validate_plan
 from kn_cuda_eval.planning.view import StridedView
+from kn_graph.blockquant import has_block_products, lower_block_products
 from kn_graph.errors import ArgumentTypeError, ArgumentValueError, PlanError
 from kn_graph.filemap import check_all
 from kn_graph.graph import Graph
@@ -124,6 +125,8 @@ def plan(
     sets = settings if settings is not None else PlanSettings()
     if not sets.integer_steps and has_integer_products(graph):  # exact float64 ones instead
         graph = lower_integer_products(graph)
+    if not sets.block_quant_steps and has_block_products(graph):  # dequantized weights instead
+        graph = lower_block_products(graph)
     binds = bind_symbols(graph, batch_size, bindings)
     p = Planner(graph, binds, sets)
     p.run()
@@ -131,7 +134,7 @@ def plan(
         id(op.tensor.array) for v in graph.values() if isinstance(op := graph[v].op, Constant)
     )
     layout = assign_memory(
-        p.steps, p.bufs, p.views(graph.inputs), p.views(graph.outputs), graph_arrays
+        p.steps, p.bufs, p.views(graph.inputs), p.views(graph.outputs), graph_arrays, p.resident
     )
     return Plan(
         steps=layout.steps,

@@ -40,7 +40,7 @@ from kn_cuda_eval.planning.attnplan import plan_attention
 from kn_cuda_eval.planning.context import State
 from kn_cuda_eval.planning.convplan import ConvViews, conv_fusion, without_unit_axes
 from kn_cuda_eval.planning.gemm import plan_gemm
-from kn_cuda_eval.planning.intplan import plan_integer_product
+from kn_cuda_eval.planning.intplan import plan_block_product, plan_integer_product
 from kn_cuda_eval.planning.lazy import Lazy, combine
 from kn_cuda_eval.planning.memory import BufferKind, human_bytes
 from kn_cuda_eval.planning.program import Bin, Const, Load, Program, Sel, Un
@@ -55,6 +55,7 @@ from kn_graph.ops import (
     Attention,
     Binary,
     BinaryOp,
+    BlockQuantMatMul,
     Broadcast,
     Concat,
     Constant,
@@ -136,6 +137,22 @@ class Planner:
         self.deferred: dict[int, list[int]] = {}  # chain end -> conv fusion chain
         self.absorbed: set[int] = set()
         self._shapes: dict[int, tuple[int, ...]] = {}
+        self.hosted = self._hosted_inputs() if settings.inputs_in_concat else {}
+        self.hosts: dict[int, StridedView] = {}  # concat value -> the buffer an input lives in
+        self.resident: list[StridedView] = []  # those buffers: live to the end, not reused
+
+    def _hosted_inputs(self) -> dict[int, int]:
+        """Inputs read only as the first operand of one Concat (a decoder's past, before the new
+        positions): input value -> that concat (`PlanSettings.inputs_in_concat`)."""
+        out: dict[int, int] = {}
+        for i in self.g.inputs:
+            users = self.users[i.index]
+            if len(users) != 1 or i.index in self.is_output:
+                continue
+            op = self.g[self.val(users[0])].op
+            if isinstance(op, Concat) and op.xs[0] == i and op.xs.count(i) == 1:
+                out[i.index] = users[0]
+        return out
 
     def views(self, values: Sequence[Value]) -> list[StridedView]:
         """The views of planned, materialised values (inputs, and outputs after `run()`)."""
@@ -346,10 +363,7 @@ class Planner:
         op = info.op
         match op:
             case Input():
-                size = self.nbytes(shape, info.dtype, self.name(i))
-                self.state[i] = StridedView.dense(
-                    self.new_buffer(BufferKind.INPUT, size, self.name(i)), shape, info.dtype
-                )
+                self.visit_input(i, shape, info.dtype)
             case Constant(t):
                 self.visit_constant(i, t.array)
             case View(x):
@@ -427,6 +441,8 @@ class Planner:
                 )
             case IntMatMul() | IntConv():
                 plan_integer_product(self, i, op)
+            case BlockQuantMatMul():
+                plan_block_product(self, i, op)
             case Dynamic():
                 raise PlanError(
                     f"{self.g.format_value(self.val(i))}: a data-dependent op; such graphs run "
@@ -527,9 +543,29 @@ class Planner:
         )
         self.steps.append(st.Gather(xn, iv, on, ax))
 
+    def visit_input(self, i: int, shape: tuple[int, ...], dtype: DType) -> None:
+        """An input buffer of its own, or the head of its concat's (`hosted`)."""
+        c = self.hosted.get(i)
+        if c is None:
+            size = self.nbytes(shape, dtype, self.name(i))
+            buf = self.new_buffer(BufferKind.INPUT, size, self.name(i))
+            self.state[i] = StridedView.dense(buf, shape, dtype)
+            return
+        op = self.g[self.val(c)].op
+        assert isinstance(op, Concat)
+        size = self.nbytes(self.shape(c), dtype, self.name(c))
+        full = StridedView.dense(
+            self.new_buffer(BufferKind.INPUT, size, self.name(i)), self.shape(c), dtype
+        )
+        self.hosts[c] = full
+        self.resident.append(full)
+        self.state[i] = full.slice(op.axis, 0, 1, shape[op.axis])
+
     def visit_concat(self, i: int, xs: list[int], axis: int) -> None:
         info = self.g[self.val(i)]
-        out = self.temp(self.shape(i), info.dtype, self.name(i))
+        out = self.hosts.pop(i, None)  # its first operand, an input, is in place already
+        if out is None:
+            out = self.temp(self.shape(i), info.dtype, self.name(i))
         pos = 0
         for x in xs:
             n = self.shape(x)[axis]
@@ -538,7 +574,7 @@ class Planner:
             s = self.state[x]
             if isinstance(s, Lazy):  # computed straight into its slot
                 self.materialize(s.to_expr(), self.name(x), dest)
-            else:
+            elif s != dest:
                 assert s is not None
                 self.copy(s, dest)
         self.state[i] = out

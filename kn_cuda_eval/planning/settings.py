@@ -31,6 +31,16 @@ class PlanSettings:
     backend: oneDNN's int8 matmul and convolution). Off: `plan()` first lowers them to exact
     float64 GEMMs and convolutions (`kn_graph.integer.lower_integer_products`), which every
     executor runs (the CUDA one: cuBLAS DGEMM, cuDNN)."""
+    block_quant_steps: bool = False
+    """Plan `BlockQuantMatMul` as a step of its own (`steps.BlockQuantMatMul`, reading the packed
+    weights) for a backend that runs it (the CPU backend's C kernel). Off: `plan()` first lowers
+    it to a MatMul with the dequantized weights (`kn_graph.blockquant.lower_block_products`)."""
+    inputs_in_concat: bool = False
+    """An input read only as the first operand of a Concat (a decoder's past, before the new
+    positions) is placed at the head of the concat's buffer, which stays live to the end of the
+    plan: the concat copies only the rest, the input's view in the arena is strided, and a
+    caller that keeps the input in the arena between evaluations (`HostExecutor.input_view`)
+    never copies it (the CPU backend)."""
     max_recompute: int = 8
     """A lazy value is fused through a broadcast (recomputed per copy) only up to this many
     arithmetic instructions; larger ones are materialised first."""
@@ -52,6 +62,8 @@ class PlanSettings:
             "fuse_conv_relu",
             "fused_attention",
             "integer_steps",
+            "block_quant_steps",
+            "inputs_in_concat",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentTypeError(

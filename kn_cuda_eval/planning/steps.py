@@ -19,6 +19,7 @@ from kn_graph.ops import ReduceOp
 __all__ = [
     "ATTENTION_MAX_DV",
     "Attention",
+    "BlockQuantMatMul",
     "Conv",
     "Copy",
     "Elementwise",
@@ -239,6 +240,35 @@ class IntMatMul:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockQuantMatMul:
+    """out [m, n] = a [m, k] @ Wᵀ, W [n, k] block-quantized (`kn_graph.ops.BlockQuantMatMul`):
+    `packed` u8 [n, blocks, block · bits / 8], `scales` and `zeros` f32 [n, blocks], all dense;
+    a and out dense rows of a float type; `scratch` u8, the kernel's working memory
+    (`intplan.block_scratch`). Planned only with `PlanSettings.block_quant_steps`."""
+
+    a: StridedView
+    packed: StridedView
+    scales: StridedView
+    zeros: StridedView
+    out: StridedView
+    scratch: StridedView
+    bits: int
+    block: int
+
+    def reads(self) -> tuple[StridedView, ...]:
+        return (self.a, self.packed, self.scales, self.zeros)
+
+    def writes(self) -> tuple[StridedView, ...]:
+        return (self.out, self.scratch)
+
+    def describe(self) -> str:
+        return (
+            f"block_quant {_fmt(self.out)} = {_fmt(self.a)} @ dequant({_fmt(self.packed)}, "
+            f"{_fmt(self.scales)}, {_fmt(self.zeros)})ᵀ bits={self.bits} block={self.block}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class IntConv:
     """out (int32) = conv(x - x_zero, w - w_zero[K]) over dense NC(D)(H)W x and w [K, C/g, *k]
     (8-bit, u8 or i8), x_zero a scalar view of x's dtype, w_zero [K] of w's; padding is zero
@@ -393,6 +423,7 @@ Step = (
     | Conv
     | IntMatMul
     | IntConv
+    | BlockQuantMatMul
     | Reduce
     | Softmax
     | Layernorm

@@ -19,6 +19,8 @@ def step_work(s: object) -> int:
             return 2 * s.m * s.n * s.k * s.batch
         case st.IntMatMul():
             return 2 * s.out.numel * s.a.shape[2]
+        case st.BlockQuantMatMul():
+            return 2 * s.out.numel * s.a.shape[1]
         case st.Conv() | st.IntConv():
             per_output = s.w.numel // max(1, s.w.shape[0])
             return 2 * s.out.numel * per_output

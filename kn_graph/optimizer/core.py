@@ -21,6 +21,7 @@ from kn_graph.graph import Graph, ValueInfo
 from kn_graph.ops import (
     Attention,
     Binary,
+    BlockQuantMatMul,
     Broadcast,
     Concat,
     Constant,
@@ -173,6 +174,8 @@ def copy_op(g: Graph, info: ValueInfo, op: Op) -> Value:
             return g.matmul(a, b)
         case IntMatMul(a, b, za, zb):
             return g.int_matmul(a, b, za, zb)
+        case BlockQuantMatMul(a, packed, scales, zeros, bits, block):
+            return g.block_quant_matmul(a, packed, scales, zeros, bits, block)
         case IntConv(x, w, zx, zw, d):
             return g.int_conv(x, w, zx, zw, d.stride, d.padding, d.dilation, d.groups)
         case Unary(x, u):

@@ -42,6 +42,10 @@ class Cache:
         self._reserve(n)
         return {k: b[:, :, :n] for k, b in self._buf.items()}
 
+    def positions(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Positions [start, stop) of buffer `name`, as a view."""
+        return self._buf[name][:, :, start:stop]
+
     def overwrite(self, past: Mapping[str, np.ndarray]) -> None:
         """Replace the first `length` positions by the model's own (a present that is not
         past + new: `trim.trim_outputs`)."""
@@ -137,8 +141,37 @@ class DecoderModel:
         exact = signature.attention_mask is not None and _reads(prepared, signature.position_ids)
         self.bucket = (CACHE_BUCKET if exact else 1) if bucket is None else max(1, int(bucket))
         self._lock = threading.Lock()
+        self._mirror: tuple[Cache, Any, int, int] | None = None
+        """(cache, executor, its arena's runs after the step, positions of that cache the arena
+        holds): the past a step left in the executor's arena (`_in_arena`)."""
         self.steps = 0
         """Evaluations so far (a prompt fed token by token counts one per token)."""
+
+    def _in_arena(self, feed: dict[str, np.ndarray], cache: Cache) -> Any:
+        """Where the device keeps the past in its arena between steps (the CPU backend with the
+        past placed in the attention's concat buffer, `HostExecutor.kept_inputs`): the executor
+        this step runs, None elsewhere (each step then copies the past in). When the previous
+        step was this cache's on the same executor and nothing else ran on its arena since, the
+        arena already holds the past up to that step: only the positions appended since are
+        written there, and the feed names the arena's own views, which the executor does not
+        copy. Otherwise this step copies the whole past in once (a new padded length, another
+        generation in between) and later steps build on it."""
+        names = [p.name for p in self.signature.past]
+        if not self.appends or not names:
+            return None
+        get = getattr(self.prepared, "resident_executor", None)
+        ex = get(feed) if get is not None else None
+        if ex is None or not set(names) <= ex.kept_inputs:
+            self._mirror = None
+            return None
+        m = self._mirror
+        if m is not None and m[0] is cache and m[1] is ex and m[2] == ex.arena_runs:
+            have = m[3]
+            for name in names:
+                view = ex.input_view(name)
+                view[:, :, have : cache.length] = cache.positions(name, have, cache.length)
+                feed[name] = view
+        return ex
 
     def empty_cache(self, batch: int) -> Cache:
         return Cache(self.signature.past, batch)
@@ -206,8 +239,11 @@ class DecoderModel:
             has_past = mask.shape[1] > ids.shape[1]
             feed[sig.use_cache_branch] = np.array([has_past], dtype=bool)
         with self._lock:
+            ex = self._in_arena(feed, cache)
             outs = self.prepared.eval(feed)
             self.steps += 1
+            if ex is not None:  # the arena holds the past fed, up to the cache's length now
+                self._mirror = (cache, ex, ex.arena_runs, cache.length)
         by_name = dict(zip(sig.outputs, outs, strict=True))
         s = ids.shape[1]
         presents = {p.name: np.asarray(by_name[p.present]) for p in sig.past}

@@ -9,6 +9,7 @@ generation loop reads the last row of the logits and the S new positions only. S
 
     logits  = view(matmul(view(h [B, S, H] -> [1, B*S, H]), W))   (what the loader makes)
          -> view(matmul(view(h[:, S-1:S] -> [1, B, H]), W))          [B, 1, vocab]
+    (the same for a block-quantized W: block_quant_matmul over [B*S, H] -> over [B, H])
     present = concat(past [.., P, ..], new [.., S, ..])            (read by attention too)
          -> present[:, :, P:P+S]                                      [B, kv heads, S, D]
 
@@ -22,32 +23,42 @@ place (new values, the outputs re-pointed); the old ones are dead and the planne
 from __future__ import annotations
 
 from kn_graph import Graph, Shape, Size
-from kn_graph.ops import Concat, MatMul, Value, View
+from kn_graph.ops import BlockQuantMatMul, Concat, MatMul, Value, View
 from kn_runtime.generate.signature import DecoderSignature
 
 __all__ = ["trim_outputs"]
 
 
 def _last_row_product(g: Graph, v: Value) -> Value | None:
-    """`v` [B, S, V] = view(matmul(view(h [B, S, H]), W)) computed for the last row only."""
+    """`v` [B, S, V] = view(matmul(view(h [B, S, H]), W)) computed for the last row only (W
+    float [1, H, V], or block-quantized: view(block_quant_matmul(view(h -> [B*S, H])))."""
     out = g[v]
     if not isinstance(out.op, View) or out.shape.rank != 3:
         return None
     mm = out.op.x
-    if not isinstance(g[mm].op, MatMul) or g.use_count(mm) != 1:
+    op = g[mm].op
+    if not isinstance(op, MatMul | BlockQuantMatMul) or g.use_count(mm) != 1:
         return None
-    a, w = g[mm].op.a, g[mm].op.b
+    a = op.a
     if not isinstance(g[a].op, View):
         return None
     h = g[a].op.x
     b, s, hid = g[h].shape.dims if g[h].shape.rank == 3 else (None, None, None)
-    if b is None or g[a].shape != Shape.of(1, b * s, hid) or g[mm].shape[0] != Size(1):
-        return None
-    if out.shape != Shape.of(b, s, g[mm].shape[2]):
+    vocab = g[mm].shape[-1]
+    if b is None or out.shape != Shape.of(b, s, vocab):
         return None
     last = g.slice_raw(h, 1, s - 1, 1, 1)
-    row = g.matmul(g.view(last, Shape.of(1, b, hid)), w)
-    return g.view(row, Shape.of(b, 1, g[mm].shape[2]))
+    if isinstance(op, BlockQuantMatMul):
+        if g[a].shape != Shape.of(b * s, hid):
+            return None
+        row = g.block_quant_matmul(
+            g.view(last, Shape.of(b, hid)), op.packed, op.scales, op.zeros, op.bits, op.block
+        )
+    else:
+        if g[a].shape != Shape.of(1, b * s, hid) or g[mm].shape[0] != Size(1):
+            return None
+        row = g.matmul(g.view(last, Shape.of(1, b, hid)), op.b)
+    return g.view(row, Shape.of(b, 1, vocab))
 
 
 def trim_outputs(g: Graph, sig: DecoderSignature) -> bool:

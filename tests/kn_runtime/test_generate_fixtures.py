@@ -70,10 +70,10 @@ def test_decode_steps_bucket_the_past_into_few_bindings() -> None:
 @pytest.mark.parametrize("name", FOLDERS)
 def test_outputs_are_trimmed_to_what_a_step_reads(name: str) -> None:
     """The Optimum exports' logits come out for the last position only, computed by an LM-head
-    product over one row per batch entry (not S), and their presents as the new positions
+    product over one row per batch entry (not S; also the genai int4 folder's packed head), and their presents as the new positions
     only, so the cache appends; GroupQueryAttention's presents (genai) and a merged decoder's
     (one graph per branch value) stay whole and replace the cache. Tokens: the test above."""
-    from kn_graph.ops import MatMul, View
+    from kn_graph.ops import BlockQuantMatMul, MatMul, View
 
     gen = load_generator(LLM / name, Device.cpu(reference=True))
     graph = gen.model.prepared.graph if name != "llama_optimum_merged" else None
@@ -88,6 +88,9 @@ def test_outputs_are_trimmed_to_what_a_step_reads(name: str) -> None:
     if optimum:  # view(matmul(view(h[:, -1:]), W)): the product has B rows
         assert isinstance(logits.op, View) and isinstance(graph[logits.op.x].op, MatMul)
         assert graph[logits.op.x].shape[1] == ids[0]
+    if name.endswith("_int4"):  # the 4-bit LM head's product, still packed, over B rows
+        head = graph[logits.op.x]  # type: ignore[attr-defined]
+        assert isinstance(head.op, BlockQuantMatMul) and head.shape[0] == ids[0]
     for p in gen.model.signature.past:
         length = graph[outs[p.present]].shape[2]
         assert (length == ids[1]) == optimum, (p.present, length)
@@ -127,3 +130,45 @@ def test_padded_lengths_grow_with_the_context() -> None:
         assert past <= got and (got - past < 32 or got - past < past / 4), past
     # a 512-token prompt's 128 decode steps meet two past lengths, not five
     assert {padded_length(p, 32) for p in range(512, 640)} == {512, 640}
+
+
+def test_the_cache_stays_in_the_arena() -> None:
+    """On the CPU backend the past is placed at the head of each attention's concat buffer
+    (`PlanSettings.inputs_in_concat`): no step of a decode plan copies a past input, and after
+    the first step of a padded length a decode step copies only its small inputs into the arena,
+    the cache never (the arena's views are fed back, and only each step's new position is
+    written into them). The tokens are onnxruntime's (a second generation interleaved with the
+    first would find the arena taken and copy the past in again: also checked)."""
+    from kn_cuda_eval.planning import steps as st
+
+    ref = np.load(LLM / "qwen2_optimum" / "reference.npz")
+    prompt = ref["prompt_ids"][0].tolist()
+    gen = load_generator(LLM / "qwen2_optimum", Device.cpu())
+    model = gen.model
+    past = [p.name for p in model.signature.past]
+    loads: list[tuple[int, int, int]] = []  # (past length fed, bytes loaded, one past's bytes)
+    inner = model.prepared.eval
+
+    def record(feed: dict) -> list:  # type: ignore[type-arg]
+        outs = inner(feed)
+        ex = model.prepared.resident_executor(feed)
+        assert ex is not None and set(past) <= ex.kept_inputs
+        loads.append((feed[past[0]].shape[2], ex.loaded_bytes, feed[past[0]].nbytes))
+        return outs
+
+    model.prepared.eval = record  # type: ignore[method-assign]
+    r = gen.generate([prompt], max_new_tokens=40)
+    np.testing.assert_array_equal(np.array(r.ids[0]), ref["tokens"][0][:40])
+    decode = loads[1:]
+    firsts = {n for n, *_ in decode}
+    for k, (n, loaded, one) in enumerate(decode):
+        if k and decode[k - 1][0] == n:  # a later step of the same padded length
+            assert loaded < one, (k, n, loaded, one)
+    assert sum(loaded < one for _, loaded, one in decode) == len(decode) - len(firsts)
+    # the decode plan: no step reads a past input to copy it
+    feed_shapes = {"B": 1, "past_sequence_length": decode[-1][0], "sequence_length": 1}
+    ex = model.prepared.executor(feed_shapes)
+    views = [ex.plan.inputs[ex.plan.input_names.index(n)] for n in past]
+    for s in ex.plan.steps:
+        if isinstance(s, st.Copy | st.Elementwise):
+            assert not any(v in views for v in s.reads()), s.describe()

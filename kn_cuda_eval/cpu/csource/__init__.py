@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from kn_cuda_eval.cpu.csource.attention import attention_call
+from kn_cuda_eval.cpu.csource.blockquant import block_quant_call
 from kn_cuda_eval.cpu.csource.columns import columnar, reduce_columns_call
 from kn_cuda_eval.cpu.csource.elementwise import (
     copy_call,
@@ -66,6 +67,8 @@ def step_call(step: st.Step) -> CCall | None:
             return reduce_columns_call(step) if columnar(step) else reduce_rows_call(step)
         case st.Attention():
             return attention_call(step)
+        case st.BlockQuantMatMul():
+            return block_quant_call(step)
         case st.MatMul() | st.Conv() | st.IntMatMul() | st.IntConv():
             return None
         case _:

@@ -95,4 +95,23 @@ int kn_openmp(void) {
 }
 """
     )
+    lines.append(_KERNEL_CALLS)
     return [*units, "\n".join(lines)] if kernels else ["\n".join(lines)]
+
+
+_KERNEL_CALLS = """
+/* oneDNN's dnnl_sgemm for kernels that multiply what they computed (the block-quantized
+   product's tiles); NULL until kn_set_sgemm. */
+__attribute__((visibility("hidden"))) int (*kn_sgemm)(
+    char, char, long long, long long, long long, float, const float*, long long, const float*,
+    long long, float, float*, long long) = 0;
+void kn_set_sgemm(void* f) {
+    kn_sgemm = (int (*)(char, char, long long, long long, long long, float, const float*,
+                        long long, const float*, long long, float, float*, long long))f;
+}
+
+/* Before a kernel's own oneDNN call: the pool's workers parked, as before a primitive. */
+__attribute__((visibility("hidden"))) void kn_park_pool(void) {
+    if (kn_park) kn_park();
+}
+"""

@@ -224,6 +224,27 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "dnnl_primitive_execute": (_S, (_P, _P, c_int, POINTER(ExecArg))),
     # dnnl_status_t dnnl_primitive_destroy(dnnl_primitive_t primitive)
     "dnnl_primitive_destroy": (_S, (_P,)),
+    # dnnl_status_t dnnl_sgemm(char transa, char transb, dim_t M, dim_t N, dim_t K, float alpha,
+    #     const float* A, dim_t lda, const float* B, dim_t ldb, float beta, float* C, dim_t ldc)
+    # (row-major; only its address is taken, for the C kernels that call it)
+    "dnnl_sgemm": (
+        _S,
+        (
+            ctypes.c_char,
+            ctypes.c_char,
+            c_int64,
+            c_int64,
+            c_int64,
+            c_float,
+            _P,
+            c_int64,
+            _P,
+            c_int64,
+            c_float,
+            _P,
+            c_int64,
+        ),
+    ),
 }
 
 

@@ -36,7 +36,7 @@ def launch_for(step: st.Step, status: StridedView) -> KernelLaunch | None:
             return attention_launch(step)
         case st.MatMul() | st.Conv():
             return None
-        case st.IntMatMul() | st.IntConv():  # CUDA plans lower them (integer_steps off)
+        case st.IntMatMul() | st.IntConv() | st.BlockQuantMatMul():  # CUDA plans lower them
             raise PlanError(f"no CUDA kernel for the integer step {step.describe()}")
         case _:
             assert_never(step)

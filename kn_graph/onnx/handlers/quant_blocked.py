@@ -2,31 +2,24 @@
 8-bit weights, one scale and zero point per block along K) and GatherBlockQuantized (a quantized
 embedding table, often the tied LM head's).
 
-The weights are constants: they are dequantized here, once, into a float constant of A's type
-(exactly as onnxruntime's reference dequantizes: (q - zero) · scale in float32), and the op
-becomes a MatMul / Gather. That costs the memory of the float weights; a device that keeps
-them packed (int4 GEMM) is future work, noted in the docs.
+MatMulNBits becomes `BlockQuantMatMul` over the packed weights as they are in the file (the CPU
+backend reads them packed; other devices dequantize them once, `kn_graph.blockquant`).
+GatherBlockQuantized's table is dequantized here, once, into a float constant of the scales'
+type (as onnxruntime's reference dequantizes: (q - zero) · scale in float32), and the op
+becomes a Gather.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from kn_graph.blockquant import unpack_bits
 from kn_graph.dtype import DType
 from kn_graph.onnx.context import NodeContext, Result, onnx_op
 from kn_graph.ops import BinaryOp
 from kn_graph.shape import Shape, Size
 
 __all__ = ["gather_block_quantized", "matmul_nbits"]
-
-
-def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
-    """The `count` unsigned `bits`-bit values packed along the last axis of uint8 `packed`,
-    low-order bits first (MatMulNBits' and GatherBlockQuantized's layout)."""
-    per = 8 // bits
-    shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
-    vals = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
-    return vals.reshape(*packed.shape[:-1], -1)[..., :count]
 
 
 def _bits(ctx: NodeContext, default: int) -> int:
@@ -42,8 +35,8 @@ def matmul_nbits(ctx: NodeContext) -> Result:
     g = ctx.graph
     a = ctx.input(0)
     dt = g.dtype(a)
-    if not dt.is_float:
-        ctx.unsupported(f"A must be a float, found {dt}")
+    if dt not in (DType.F32, DType.F16):
+        ctx.unsupported(f"A must be float or float16, found {dt}")
     k, n = ctx.attr_int("K"), ctx.attr_int("N")
     bits, block = _bits(ctx, 4), ctx.attr_int("block_size")
     ctx.ignore_attrs("accuracy_level")  # how onnxruntime may compute; the result is the same op
@@ -62,14 +55,16 @@ def matmul_nbits(ctx: NodeContext) -> Result:
             f"B must be uint8 [{n}, {blocks}, {block * bits // 8}], found {packed.dtype} "
             f"{list(packed.shape)}"
         )
-    q = unpack_bits(packed, bits, block).astype(np.float32)  # [N, blocks, block]
-    scales = ctx.input_static(2, "scales").astype(np.float32)
+    scales = ctx.input_static(2, "scales")
     if scales.size != n * blocks:
         ctx.unsupported(f"scales must hold N x k_blocks = {n * blocks} values, found {scales.size}")
-    scales = scales.reshape(n, blocks, 1)
-    zero = _nbits_zero(ctx, 3, bits, n, blocks)
-    w = ((q - zero) * scales).reshape(n, blocks * block)[:, :k]  # [N, K]
-    y = g.matmul_nd(a, g.constant(np.ascontiguousarray(w.T).astype(dt.np)))
+    scales = scales.astype(np.float32).reshape(n, blocks)
+    zero = _nbits_zero(ctx, 3, bits, n, blocks).reshape(n, blocks)
+    lead = g.shape(a).dims[:-1]
+    rows = g.view(a, Shape.of(Shape.from_seq(lead).size(), k))
+    consts = [g.constant(x) for x in (packed, scales, zero)]
+    y = g.block_quant_matmul(rows, *consts, bits, block)
+    y = g.view(y, Shape.from_seq([*lead, n]))
     if ctx.has_input(5):
         y = g.add(y, ctx.input(5))
     return y
