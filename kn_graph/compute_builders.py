@@ -241,7 +241,8 @@ class ComputeBuilders(LayoutBuilders):
         self, a: Value, packed: Value, scales: Value, zeros: Value, bits: int, block: int
     ) -> Value:
         """a [m, k] @ Wᵀ with W [n, k] block-quantized (`BlockQuantMatMul`): packed uint8
-        [n, ceil(k / block), block · bits / 8], scales and zeros float32 [n, ceil(k / block)]."""
+        [n, ceil(k / block), block · bits / 8], scales float32 and zeros uint8 or float32
+        [n, ceil(k / block)]."""
         ai, pi = self[a], self[packed]
         if bits not in (2, 4, 8):
             raise GraphError(f"block_quant_matmul: bits must be 2, 4 or 8, found {bits}")
@@ -264,11 +265,11 @@ class ComputeBuilders(LayoutBuilders):
                 f"k={k}, found {pi.dtype}{pi.shape}"
             )
         n = pi.shape[0]
-        for name, v in (("scales", scales), ("zeros", zeros)):
+        for name, v, dtypes in (("scales", scales, "f32"), ("zeros", zeros, "u8 or f32")):
             vi = self[v]
-            if vi.dtype != DType.F32 or vi.shape != Shape.of(n, blocks):
+            if str(vi.dtype) not in dtypes or vi.shape != Shape.of(n, blocks):
                 raise GraphError(
-                    f"block_quant_matmul: {name} must be f32 [{n}, {blocks}], found "
+                    f"block_quant_matmul: {name} must be {dtypes} [{n}, {blocks}], found "
                     f"{vi.dtype}{vi.shape}"
                 )
         op = BlockQuantMatMul(a, packed, scales, zeros, bits, block)

@@ -473,7 +473,8 @@ class BlockQuantMatMul(Op):
     """a [m, k] @ Wᵀ -> [m, n] in a's type (f32 or f16), W [n, k] block-quantized along k (onnxruntime's
     MatMulNBits): W[j, i] = (q[j, i] - zeros[j, i // block]) · scales[j, i // block] in float32,
     q the `bits`-bit unsigned values packed low-order bits first in uint8 `packed`
-    [n, ceil(k / block), block · bits / 8]; scales and zeros float32 [n, ceil(k / block)]. The
+    [n, ceil(k / block), block · bits / 8]; scales float32 and zeros uint8 (integer zero points:
+    a quarter of the memory) or float32, [n, ceil(k / block)]. The
     weights stay packed: a device without a step for it dequantizes them once
     (`kn_graph.blockquant.lower_block_products`)."""
 

@@ -58,8 +58,15 @@ class ArenaConstants:
     copied in now."""
 
     def __init__(
-        self, plan: Plan, home: HostArena, arena: np.ndarray, release: PageRelease
+        self,
+        plan: Plan,
+        home: HostArena,
+        arena: np.ndarray,
+        release: PageRelease,
+        skip: set[int] = frozenset(),  # type: ignore[assignment]
     ) -> None:
+        """`skip`: offsets of graph constants the steps read where they are, never copied in
+        (the executor's gather tables)."""
         self.plan = plan
         self._home, self._arena, self._release = home, arena, release
         self.deferred: list[tuple[int, np.ndarray]] = []
@@ -71,6 +78,8 @@ class ArenaConstants:
             else plan.const_size
         )
         for off, data in plan.constants:
+            if off in skip:
+                continue
             if release.deferrable(off, off + data.nbytes):
                 self.deferred.append((off, data))
             else:

@@ -41,7 +41,7 @@ def block_quant_call(s: st.BlockQuantMatMul) -> CCall:
     bpb = block // per  # bytes per block
     mask = (1 << bits) - 1
     dt, odt = s.a.dtype, s.out.dtype
-    tag = f"{bits}_{block}_{dt.name}_{odt.name}".lower()
+    tag = f"{bits}_{block}_{dt.name}_{odt.name}_{s.zeros.dtype.name}".lower()
     m, k = s.a.shape
     n = s.out.shape[1]
     a = Args()
@@ -59,15 +59,15 @@ def block_quant_call(s: st.BlockQuantMatMul) -> CCall:
     a.decls.append("const long long kp = blocks * " + str(block) + ";")
     body = CodeWriter(1)
     if dt is DType.F32 and odt is DType.F32:
-        _tiled(body, a, bits, block)
+        _tiled(body, a, bits, block, exprs.storage_ctype(s.zeros.dtype))
     _direct(body, a, s, tag)
     c = call("block_quant", a, body)
-    helper = _rows_helper(tag, bits, block, per, bpb, mask)
+    helper = _rows_helper(tag, bits, block, per, bpb, mask, exprs.storage_ctype(s.zeros.dtype))
     kernel = dataclasses.replace(c.kernel, source=_EXTERNS + helper + c.kernel.source)
     return dataclasses.replace(c, kernel=kernel)
 
 
-def _tiled(body: CodeWriter, a: Args, bits: int, block: int) -> None:
+def _tiled(body: CodeWriter, a: Args, bits: int, block: int, zt: str) -> None:
     """With `GEMM_ROWS` rows or more and oneDNN: per tile of columns, the weights dequantized
     into the scratch (in parallel), then one sgemm into the tile's columns of out."""
     per, mask = 8 // bits, (1 << bits) - 1
@@ -84,7 +84,7 @@ def _tiled(body: CodeWriter, a: Args, bits: int, block: int) -> None:
         ):
             r.line(f"const uint8_t* restrict wj = w + (j0 + jj) * blocks * {bpb};")
             r.line("const float* restrict sj = sc + (j0 + jj) * blocks;")
-            r.line("const float* restrict zj = zp + (j0 + jj) * blocks;")
+            r.line(f"const {zt}* restrict zj = zp + (j0 + jj) * blocks;")
             r.line("float* restrict dst = wt + jj * kp;")
             with r.block("for (long long b = 0; b < blocks; ++b)"):
                 r.line(f"const uint8_t* restrict wb = wj + b * {bpb};")
@@ -114,6 +114,7 @@ def _direct(body: CodeWriter, a: Args, s: st.BlockQuantMatMul, tag: str) -> None
     """a's rows reordered into the scratch, then the columns shared among the threads, each
     column's rows four at a time (`_rows_helper`)."""
     bits, block, dt, odt = s.bits, s.block, s.a.dtype, s.out.dtype
+    zt = exprs.storage_ctype(s.zeros.dtype)
     per = 8 // bits
     bpb = block // per
 
@@ -142,7 +143,7 @@ def _direct(body: CodeWriter, a: Args, s: st.BlockQuantMatMul, tag: str) -> None
         ):
             r.line(f"const uint8_t* restrict wj = w + j * blocks * {bpb};")
             r.line("const float* restrict sj = sc + j * blocks;")
-            r.line("const float* restrict zj = zp + j * blocks;")
+            r.line(f"const {zt}* restrict zj = zp + j * blocks;")
             with r.block(f"for (long long r0 = 0; r0 < m; r0 += {_ROWS})"):
                 r.line("const float* restrict xr = xp + r0 * kp;")
                 with r.block(f"if (m - r0 >= {_ROWS})"):
@@ -171,15 +172,17 @@ extern __attribute__((visibility("hidden"))) void kn_park_pool(void);
 """
 
 
-def _rows_helper(tag: str, bits: int, block: int, per: int, bpb: int, mask: int) -> str:
+def _rows_helper(
+    tag: str, bits: int, block: int, per: int, bpb: int, mask: int, zt: str = "float"
+) -> str:
     """`kn_bq_rows<R>_<tag>(w, s, z, x, xstride, blocks, res)` for R = 1 and `_ROWS`:
     res[r] = Σ_b s_b · Σ_i (q_bi - z_b) · x[r][b, i] for R rows of reordered x. Written with
     GCC's generic vectors as wide as the target's registers (16 lanes with AVX-512, else 8; at
     most a block's bytes): GCC 12's vectorizer unrolled the plain loops of one row and left them
     scalar (12x slower than four rows), and 16-lane vectors on an AVX2 target go through memory
     (20x slower)."""
-    wide = _rows_variant(tag, bits, block, per, bpb, mask, min(16, bpb))
-    narrow = _rows_variant(tag, bits, block, per, bpb, mask, min(8, bpb))
+    wide = _rows_variant(tag, bits, block, per, bpb, mask, min(16, bpb), zt)
+    narrow = _rows_variant(tag, bits, block, per, bpb, mask, min(8, bpb), zt)
     guard = f"KN_BQ_ROWS_{tag.upper()}"
     return (
         f"\n#ifndef {guard}\n#define {guard}\n#if defined(__AVX512F__)\n{wide}\n#else\n"
@@ -187,8 +190,10 @@ def _rows_helper(tag: str, bits: int, block: int, per: int, bpb: int, mask: int)
     )
 
 
-def _rows_variant(tag: str, bits: int, block: int, per: int, bpb: int, mask: int, vw: int) -> str:
-    """`_rows_helper` with `vw`-lane vectors."""
+def _rows_variant(
+    tag: str, bits: int, block: int, per: int, bpb: int, mask: int, vw: int, zt: str
+) -> str:
+    """`_rows_helper` with `vw`-lane vectors and zero points of C type `zt`."""
     chunks = bpb // vw
     vf, vu, vb = f"kn_bq_vf{vw}", f"kn_bq_vu{vw}", f"kn_bq_vb{vw}"
     types = f"""
@@ -218,13 +223,13 @@ static inline {vu} {vu}_widen(const uint8_t* p) {{  // {vw} bytes zero-extended 
         )
         funcs.append(f"""
 static void kn_bq_rows{rows}_{tag}(
-    const uint8_t* restrict w, const float* restrict s, const float* restrict z,
+    const uint8_t* restrict w, const float* restrict s, const {zt}* restrict z,
     const float* restrict x, const long long xstride, const long long blocks, float* restrict res) {{
     {vf} acc[{rows}][{chunks}];
     memset(acc, 0, sizeof acc);
     for (long long b = 0; b < blocks; ++b) {{
         const uint8_t* restrict wb = w + b * {bpb};
-        const float zb = z[b], sb = s[b];
+        const float zb = (float)z[b], sb = s[b];
         for (int c = 0; c < {chunks}; ++c) {{
             const {vu} u = {vu}_widen(wb + c * {vw});
             {vf} q[{per}];

@@ -59,7 +59,7 @@ def matmul_nbits(ctx: NodeContext) -> Result:
     if scales.size != n * blocks:
         ctx.unsupported(f"scales must hold N x k_blocks = {n * blocks} values, found {scales.size}")
     scales = scales.astype(np.float32).reshape(n, blocks)
-    zero = _nbits_zero(ctx, 3, bits, n, blocks).reshape(n, blocks)
+    zero = _nbits_zero(ctx, 3, bits, n, blocks)
     lead = g.shape(a).dims[:-1]
     rows = g.view(a, Shape.of(Shape.from_seq(lead).size(), k))
     consts = [g.constant(x) for x in (packed, scales, zero)]
@@ -71,9 +71,10 @@ def matmul_nbits(ctx: NodeContext) -> Result:
 
 
 def _nbits_zero(ctx: NodeContext, i: int, bits: int, n: int, blocks: int) -> np.ndarray:
-    """Zero points [N, blocks, 1]: packed uint8, unpacked floats, or 2^(bits-1) when absent."""
+    """Zero points [N, blocks]: packed uint8 unpacked to uint8, 2^(bits-1) when absent (uint8:
+    a quarter of float32's memory), float ones as float32."""
     if not ctx.has_input(i):
-        return np.full((n, blocks, 1), 2 ** (bits - 1), np.float32)
+        return np.full((n, blocks), 2 ** (bits - 1), np.uint8)
     z = ctx.input_static(i, "zero_points")
     if z.dtype == np.uint8:
         per_row = -(-blocks * bits // 8)
@@ -81,10 +82,10 @@ def _nbits_zero(ctx: NodeContext, i: int, bits: int, n: int, blocks: int) -> np.
             ctx.unsupported(
                 f"packed zero_points must hold N x {per_row} bytes = {n * per_row}, found {z.size}"
             )
-        z = unpack_bits(z.reshape(n, per_row), bits, blocks)
-    elif z.size != n * blocks:
+        return np.ascontiguousarray(unpack_bits(z.reshape(n, per_row), bits, blocks))
+    if z.size != n * blocks:
         ctx.unsupported(f"zero_points must hold N x k_blocks = {n * blocks} values, found {z.size}")
-    return z.astype(np.float32).reshape(n, blocks, 1)
+    return z.astype(np.float32).reshape(n, blocks)
 
 
 @onnx_op("GatherBlockQuantized", domain="com.microsoft")

@@ -33,17 +33,20 @@ def _pack(vals: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _nbits(
-    rng: np.random.Generator, k: int, n: int, bits: int, block: int, zeros: bool, rows: int
+    rng: np.random.Generator, k: int, n: int, bits: int, block: int, zeros: bool | str, rows: int
 ) -> tuple[onnx.ModelProto, np.ndarray]:
     """A MatMulNBits model x [rows, k] -> [rows, n] with random weights (packed zero points when
-    `zeros`, else the default 2^(bits-1)) and its input."""
+    `zeros`, float ones when "float", else the default 2^(bits-1)) and its input."""
     blocks = -(-k // block)
     inits = {
         "b": _pack(rng.integers(0, 2**bits, (n, blocks, block)), bits),
         "s": rng.uniform(0.01, 0.1, (n, blocks)).astype(np.float32),
     }
     names = ["x", "b", "s"]
-    if zeros:
+    if zeros == "float":  # zero points of A's type, not integers
+        inits["z"] = rng.uniform(0, 2**bits - 1, (n, blocks)).astype(np.float32)
+        names.append("z")
+    elif zeros:
         per_row = -(-blocks * bits // 8)
         z = np.zeros((n, per_row * 8 // bits), np.int64)
         z[:, :blocks] = rng.integers(0, 2**bits, (n, blocks))
@@ -70,13 +73,14 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
     [
         (4, 32, 96, False),
         (4, 32, 80, True),
+        (4, 32, 64, "float"),
         (4, 128, 200, True),
         (2, 16, 64, True),
         (8, 16, 48, False),
     ],
 )
 def test_device_cpu_matches_onnxruntime(
-    rows: int, bits: int, block: int, k: int, zeros: bool
+    rows: int, bits: int, block: int, k: int, zeros: bool | str
 ) -> None:
     rng = np.random.default_rng(rows * 1000 + bits * 100 + k)
     m, x = _nbits(rng, k, 40, bits, block, zeros, rows)
@@ -151,7 +155,7 @@ def test_bad_operands_are_graph_errors() -> None:
         g.block_quant_matmul(a, packed, sc, sc, 4, 16)
     with pytest.raises(GraphError, match="bits must be 2, 4 or 8"):
         g.block_quant_matmul(a, packed, sc, sc, 3, 32)
-    with pytest.raises(GraphError, match="zeros must be f32 \\[8, 2\\]"):
+    with pytest.raises(GraphError, match="zeros must be u8 or f32 \\[8, 2\\]"):
         g.block_quant_matmul(a, packed, sc, g.constant(np.ones((8, 3), np.float32)), 4, 32)
     b = g.input(Shape.of(2, 64), DType.F64, "b")
     with pytest.raises(GraphError, match="a must be f32 or f16"):
