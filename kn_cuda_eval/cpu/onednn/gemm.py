@@ -5,6 +5,7 @@ and beta as post-ops), or NumPy's matmul (OpenBLAS) for F64 — the CPU counterp
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -107,6 +108,33 @@ def operand_desc(o: Owner, v: np.ndarray, batch: int, dt: int) -> int | None:
     return o.md(shape, dt, md_strides(shape, es))
 
 
+PIECE_BYTES = 64 << 20
+"""Constant weights larger than this are packed, and run, in pieces of columns of about this
+size (`_pieces`): packing reads the plain weights — a mapped model file's pages, given back
+after each piece — so a weight is never resident twice, plain and packed, beyond one piece
+(Qwen2-0.5B's 544 MB LM head raised the peak RSS by as much while it was packed at once)."""
+
+
+def _pieces(wei: np.ndarray, constant_weights: bool, batch: int) -> list[tuple[int, int]]:
+    """Column ranges [j0, j1) of wei [batch, k, cols] packed and run as primitives of their own:
+    one range but for a large constant weight of batch 1 (widths multiples of 64 columns)."""
+    cols = wei.shape[2]
+    size = wei.shape[1] * cols * wei.itemsize
+    if not constant_weights or batch != 1 or size <= PIECE_BYTES:
+        return [(0, cols)]
+    width = -(-cols // -(-size // PIECE_BYTES))
+    width = -(-width // 64) * 64
+    return [(j, min(j + width, cols)) for j in range(0, cols, width)]
+
+
+def _piece_packing(packing: Packing | None, wei: np.ndarray, j0: int, j1: int) -> Packing | None:
+    """The packing of wei's columns [j0, j1): its own key, its own first byte."""
+    if packing is None or (j0 == 0 and j1 == wei.shape[2]):
+        return packing
+    at = None if packing.source_at is None else packing.source_at + j0 * wei.strides[2]
+    return dataclasses.replace(packing, key=(packing.key, j0, j1), source_at=at)
+
+
 def _matmul(
     lib: DnnlLib,
     o: Owner,
@@ -120,45 +148,55 @@ def _matmul(
 ) -> Runner | None:
     base = arena_base(arena)
     omp_thread_setter()(threads)
-    src, wei, dst = _operands(arena, s)
-    descs = [operand_desc(o, v, s.batch, dt) for v in (src, wei, dst)]
-    if any(d is None for d in descs):
-        o.close()
-        return None
-    src_md, wei_md, dst_md = (d for d in descs if d is not None)
+    src, wei_all, dst_all = _operands(arena, s)
     post: list[PostOpCall] = []
     if s.alpha != 1.0:
         post.append(eltwise(ELTWISE_LINEAR, s.alpha, 0.0))
     if s.beta != 0.0:
         post.append(sum_into(s.beta))
     attr = o.attr(post)
-    wei_q = (
-        o.md(wei.shape[1:] if s.batch == 1 else batch1(wei), dt, None)
-        if constant_weights
-        else wei_md
-    )
-    pd = o.pd("dnnl_matmul_primitive_desc_create", engine()[0], src_md, wei_q, None, dst_md, attr)
-    if pd is None:
-        log.debug("oneDNN has no matmul for %s", s.describe())
-        o.close()
-        return None
     if ws is not None:
         ws.begin()
-    prim, spad = o.primitive(pd, ws)
-    offs = [v.ctypes.data - base for v in (src, wei, dst)]
-    mems = [
-        o.memory(md, base + off) for md, off in zip((src_md, wei_md, dst_md), offs, strict=True)
-    ]
-    views = list(zip(mems, offs, strict=True))
-    wei_mem = mems[1]
-    if constant_weights:  # prepacked once into the layout the matmul chose
-        packed_md = lib.fns["dnnl_primitive_desc_query_md"](pd, QUERY_WEIGHTS_MD, 0)
-        wei_mem = pack(o, wei_md, packed_md, mems[1], s, packing)
-        views = [views[0], views[2]]
-    args = exec_args(
-        [(ARG_SRC, mems[0]), (ARG_WEIGHTS, wei_mem), (ARG_DST, mems[2]), (ARG_SCRATCHPAD, spad)]
-    )
-    return Runner(s, arena, o, [(prim, args)], views, threads, impl_name(lib, pd))
+    calls: list[tuple[int, object]] = []
+    views: list[tuple[int, int]] = []
+    impl = ""
+    for j0, j1 in _pieces(wei_all, constant_weights, s.batch):
+        wei, dst = wei_all[:, :, j0:j1], dst_all[:, :, j0:j1]
+        descs = [operand_desc(o, v, s.batch, dt) for v in (src, wei, dst)]
+        if any(d is None for d in descs):
+            o.close()
+            return None
+        src_md, wei_md, dst_md = (d for d in descs if d is not None)
+        wei_q = (
+            o.md(wei.shape[1:] if s.batch == 1 else batch1(wei), dt, None)
+            if constant_weights
+            else wei_md
+        )
+        pd = o.pd(
+            "dnnl_matmul_primitive_desc_create", engine()[0], src_md, wei_q, None, dst_md, attr
+        )
+        if pd is None:
+            log.debug("oneDNN has no matmul for %s", s.describe())
+            o.close()
+            return None
+        prim, spad = o.primitive(pd, ws)
+        offs = [v.ctypes.data - base for v in (src, wei, dst)]
+        mems = [
+            o.memory(md, base + off) for md, off in zip((src_md, wei_md, dst_md), offs, strict=True)
+        ]
+        piece_views = list(zip(mems, offs, strict=True))
+        wei_mem = mems[1]
+        if constant_weights:  # prepacked once into the layout the matmul chose
+            packed_md = lib.fns["dnnl_primitive_desc_query_md"](pd, QUERY_WEIGHTS_MD, 0)
+            wei_mem = pack(o, wei_md, packed_md, mems[1], s, _piece_packing(packing, wei, j0, j1))
+            piece_views = [piece_views[0], piece_views[2]]
+        args = exec_args(
+            [(ARG_SRC, mems[0]), (ARG_WEIGHTS, wei_mem), (ARG_DST, mems[2]), (ARG_SCRATCHPAD, spad)]
+        )
+        calls.append((prim, args))
+        views += piece_views
+        impl = impl_name(lib, pd)
+    return Runner(s, arena, o, calls, views, threads, impl)  # type: ignore[arg-type]
 
 
 def batch1(v: np.ndarray) -> list[int]:
