@@ -37,7 +37,6 @@ unless set), so the pools take turns instead of spinning beside each other.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import logging
 import threading
@@ -50,7 +49,7 @@ from kn_cuda_eval.cpu import build, csource, onednn
 from kn_cuda_eval.cpu.arena import HostArena, PageRelease, SharedMemory
 from kn_cuda_eval.cpu.constants import ArenaConstants
 from kn_cuda_eval.cpu.library import HostLibrary, no_compiler_note
-from kn_cuda_eval.cpu.passes import attention, elide, fuse, layouts
+from kn_cuda_eval.cpu.passes import attention, elide, fuse, gather, layouts
 from kn_cuda_eval.cpu.runtime import blas_threads, default_threads, onednn_usable, wait_policy
 from kn_cuda_eval.cpu.steploop import (
     Entry,
@@ -78,9 +77,6 @@ log = logging.getLogger(__name__)
 
 Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
 _ALIGN = 64
-
-TABLE_BYTES = 1 << 20
-"""Gather tables from this size on are read where the constant lies (`_gather_tables`)."""
 
 
 def chain_layout() -> str:
@@ -166,10 +162,10 @@ class HostExecutor:
         base = elide.elide_copies(plan.steps, plan.outputs)
         extra = self._fold_activations(base, scratch, extra)
         self.blocked = self._layouts()  # before the calls: strided steps' views change
-        tables = self._gather_tables()
+        tables = gather.tables(plan, self.steps) if build.compiler() is not None else {}
         self._map_arena(shared, scratch + extra if extra else plan.arena_size, set(tables))
         self._base = self.arena.ctypes.data
-        self._read_tables_in_place(tables)
+        gather.read_in_place(self.steps, tables, self._base)
         self._inputs = [view_array(self.arena, v) for v in plan.inputs]
         self._outputs = [view_array(self.arena, v) for v in plan.outputs]
         # calls of the steps as run (a folded activation's readers may read elsewhere)
@@ -253,40 +249,6 @@ class HostExecutor:
             assert not isinstance(step, fuse.Folded)
             self.steps[k] = st.map_views(step, lambda v, t=table: t.get(v, v))  # type: ignore[assignment]
         return {k: r for k, r in choice.roles.items() if k in self._descs}
-
-    def _gather_tables(self) -> dict[int, np.ndarray]:
-        """Graph constants of `TABLE_BYTES` or more that only gathers read (an LLM's embedding
-        table): arena offset -> data. They are not copied into the arena; the gathers read the
-        constant's own memory (`_read_tables_in_place`), a mapped model file's pages: only the
-        rows gathered become resident, as onnxruntime's memory-mapped initializers do
-        (Qwen2-0.5B: 544 MB of which a generation touches a few MB). C steps only: the
-        NumPy fallback indexes the arena."""
-        if build.compiler() is None:
-            return {}
-        tables = {
-            off: data
-            for off, data in self.plan.constants[: self.plan.graph_constants]
-            if data.nbytes >= TABLE_BYTES and data.flags.c_contiguous
-        }
-        for s in self.steps:
-            reads = getattr(s, "reads", None)
-            for v in reads() if reads is not None else ():
-                for off in [o for o, d in tables.items() if o <= v.offset < o + d.nbytes]:
-                    if not (isinstance(s, st.Gather) and v == s.x):
-                        del tables[off]
-        return tables
-
-    def _read_tables_in_place(self, tables: Mapping[int, np.ndarray]) -> None:
-        """The gathers of `tables` read the constants where they are: their view's offset is
-        rebased from the arena's base to the constant's own address (the arena stays where it
-        is for this executor's life: a remapped arena makes it stale)."""
-        for k, s in enumerate(self.steps):
-            if not isinstance(s, st.Gather):
-                continue
-            for off, data in tables.items():
-                if off <= s.x.offset < off + data.nbytes:
-                    at = int(data.ctypes.data) - self._base + (s.x.offset - off)
-                    self.steps[k] = dataclasses.replace(s, x=s.x.with_offset(at))
 
     def _map_arena(self, shared: SharedMemory | None, need: int, skip: set[int]) -> None:
         """`need` bytes of the prepared graph's arena (or of one of this executor's own when its

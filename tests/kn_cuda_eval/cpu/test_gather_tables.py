@@ -11,7 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from kn_cuda_eval.cpu.executor import TABLE_BYTES, HostExecutor
+from kn_cuda_eval.cpu.executor import HostExecutor
+from kn_cuda_eval.cpu.passes.gather import TABLE_BYTES
 from kn_cuda_eval.planning import steps as st
 from kn_graph.errors import EvaluationError
 from kn_graph.onnx import load_onnx
