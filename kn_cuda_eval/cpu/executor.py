@@ -530,15 +530,18 @@ class HostExecutor:
         an evaluation of another executor of the arena or of other inputs (`arena_runs` counts
         the arena's evaluations). With `PlanSettings.inputs_in_concat` a decoder's past is such
         an input: the cache stays in the arena, and a decode step copies none of it."""
-        try:
-            k = self.plan.input_names.index(name)
-        except ValueError:
+        view = self._input_views.get(name)
+        if view is None:
             raise ArgumentValueError(
                 f"input_view: no input {name!r} (inputs: {list(self.plan.input_names)})"
-            ) from None
-        return self._inputs[k]
+            )
+        return view
 
-    @property
+    @functools.cached_property
+    def _input_views(self) -> dict[str, np.ndarray]:
+        return dict(zip(self.plan.input_names, self._inputs, strict=True))
+
+    @functools.cached_property
     def kept_inputs(self) -> frozenset[str]:
         """Inputs whose arena region no step writes and no other buffer reuses (live to the end
         of the plan: `PlanSettings.inputs_in_concat`): what a caller writes into their
