@@ -8,9 +8,12 @@ and copies out only the logits).
         [--prompt 512] [--new 128] [--threads 2]
 
 The folders are made by `benchmarks/_llm_models.py` (Qwen2-0.5B configuration, random weights).
-Each side runs in a fresh subprocess (`--side`), so its peak RSS (VmHWM) is its own: load,
+Each side runs in a subprocess of its own (`--side`), so its peak RSS (VmHWM) is its own: load,
 a warm-up generation of the same lengths (ours: plans and compiled steps of every binding it
-meets; onnxruntime: its first runs), then the measured one. Prompt: `--prompt` ids drawn from
+meets; onnxruntime: its first runs), then `--rounds` measured ones, the two sides taking turns
+(this VM's speed drifts by tens of percent within minutes: one side measured after the other
+compared two machines). Figures are the medians of the rounds; the decode ratio of each round
+is printed too. Prompt: `--prompt` ids drawn from
 the tokenizer's range (seed 0). Prints prefill tokens/s (the prompt's forward pass), decode
 tokens/s (the steps after the first token), time to first token, peak RSS, whether the greedy
 tokens are identical, and the ratios (ours/onnxruntime of throughput: >= 1.0 is as fast).
@@ -21,13 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"fp32": "qwen2_0.5b_optimum", "4bit": "qwen2_0.5b_optimum_4bit"}
+Runner = Callable[[], dict]
 
 
 def _peak_rss_mb() -> float:
@@ -43,7 +49,7 @@ def _prompt(n: int) -> list[int]:
     return np.random.default_rng(0).integers(3, 512, n).tolist()
 
 
-def _ours(folder: Path, prompt: list[int], new: int, threads: int) -> dict:
+def _ours(folder: Path, prompt: list[int], new: int, threads: int) -> tuple[float, Runner]:
     from kn_runtime import Device
     from kn_runtime.generate import load_generator
 
@@ -51,19 +57,21 @@ def _ours(folder: Path, prompt: list[int], new: int, threads: int) -> dict:
     t = time.perf_counter()
     gen.generate([prompt], max_new_tokens=new)
     warm = time.perf_counter() - t
-    r = gen.generate([prompt], max_new_tokens=new)
-    tm = r.timing
-    return {
-        "tokens": list(r.ids[0]),
-        "prefill_tok_s": tm.prefill_tokens_per_s,
-        "decode_tok_s": tm.decode_tokens_per_s,
-        "ttft_s": tm.time_to_first_token_s,
-        "first_run_s": warm,
-        "decode_steps": gen.model.steps,
-    }
+
+    def run() -> dict:
+        r = gen.generate([prompt], max_new_tokens=new)
+        tm = r.timing
+        return {
+            "tokens": list(r.ids[0]),
+            "prefill_tok_s": tm.prefill_tokens_per_s,
+            "decode_tok_s": tm.decode_tokens_per_s,
+            "ttft_s": tm.time_to_first_token_s,
+        }
+
+    return warm, run
 
 
-def _ort(folder: Path, prompt: list[int], new: int, threads: int) -> dict:
+def _ort(folder: Path, prompt: list[int], new: int, threads: int) -> tuple[float, Runner]:
     import numpy as np
     import onnxruntime as ort
 
@@ -118,24 +126,99 @@ def _ort(folder: Path, prompt: list[int], new: int, threads: int) -> dict:
     t = time.perf_counter()
     run()
     warm = time.perf_counter() - t
-    toks, prefill, decode, ttft = run()
-    return {
-        "tokens": toks,
-        "prefill_tok_s": len(prompt) / prefill,
-        "decode_tok_s": (new - 1) / decode,
-        "ttft_s": ttft,
-        "first_run_s": warm,
-    }
+
+    def measured() -> dict:
+        toks, prefill, decode, ttft = run()
+        return {
+            "tokens": toks,
+            "prefill_tok_s": len(prompt) / prefill,
+            "decode_tok_s": (new - 1) / decode,
+            "ttft_s": ttft,
+        }
+
+    return warm, measured
 
 
 def _side(args: argparse.Namespace) -> int:
+    """One side in its own process: load and warm up, say READY, then one measured generation
+    per `go` line on stdin (RESULT + JSON), until `quit` (then its peak RSS)."""
     folder = args.cache / FOLDERS[args.side[1]]
     prompt = _prompt(args.prompt)
     fn = _ours if args.side[0] == "ours" else _ort
-    r = fn(folder, prompt, args.new, args.threads)
-    r["peak_rss_mb"] = _peak_rss_mb()
-    print("RESULT " + json.dumps(r))
+    warm, run = fn(folder, prompt, args.new, args.threads)
+    print("READY " + json.dumps({"first_run_s": warm}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        print("RESULT " + json.dumps(run()), flush=True)
+    print("PEAK " + json.dumps({"peak_rss_mb": _peak_rss_mb()}), flush=True)
     return 0
+
+
+def _reply(p: subprocess.Popen, tag: str) -> dict:  # type: ignore[type-arg]
+    """The JSON of the side's next line starting with `tag`."""
+    assert p.stdout is not None
+    for line in p.stdout:
+        if line.startswith(tag + " "):
+            return json.loads(line[len(tag) + 1 :])
+    raise RuntimeError(f"the side process ended before {tag} (exit {p.wait()})")
+
+
+def _compare(name: str, args: argparse.Namespace) -> tuple[dict, dict, list] | None:
+    """Both sides loaded (one after the other), then `--rounds` measured generations taking
+    turns (who goes first alternates), so a drift of the machine's speed hits both alike.
+    Per side: the median of each figure; `pairs`: each round's (ours, onnxruntime)."""
+    procs = {}
+    got: dict[str, dict] = {}
+    for side in ("ours", "ort"):
+        cmd = [sys.executable, __file__, "--side", side, name, "--cache", str(args.cache)]
+        cmd += ["--prompt", str(args.prompt), "--new", str(args.new)]
+        cmd += ["--threads", str(args.threads)]
+        procs[side] = p = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+        )
+        got[side] = {**_reply(p, "READY"), "runs": []}
+    pairs = []
+    for k in range(args.rounds):
+        order = ("ours", "ort") if k % 2 == 0 else ("ort", "ours")
+        for side in order:
+            p = procs[side]
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            got[side]["runs"].append(_reply(p, "RESULT"))
+        pairs.append((got["ours"]["runs"][-1], got["ort"]["runs"][-1]))
+    for side, p in procs.items():
+        assert p.stdin is not None
+        p.stdin.write("quit\n")
+        p.stdin.flush()
+        got[side].update(_reply(p, "PEAK"))
+        p.wait()
+    out = []
+    for side in ("ours", "ort"):
+        runs = got[side]["runs"]
+        med = {k: statistics.median(r[k] for r in runs) for k in FIGURES}
+        out.append(
+            {
+                **med,
+                "tokens": runs[-1]["tokens"],
+                "peak_rss_mb": got[side]["peak_rss_mb"],
+                "first_run_s": got[side]["first_run_s"],
+                "same": all(r["tokens"] == runs[0]["tokens"] for r in runs),
+            }
+        )
+        r = out[-1]
+        print(
+            f"{name:5} {side:4} prefill {r['prefill_tok_s']:8.1f} tok/s  decode "
+            f"{r['decode_tok_s']:6.2f} tok/s  ttft {r['ttft_s']:6.2f} s  peak RSS "
+            f"{r['peak_rss_mb']:7.0f} MB  first run {r['first_run_s']:6.1f} s (median of "
+            f"{len(runs)})",
+            flush=True,
+        )
+    return out[0], out[1], pairs
+
+
+FIGURES = ("prefill_tok_s", "decode_tok_s", "ttft_s")
 
 
 def main() -> int:
@@ -147,6 +230,7 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="measured generations per side")
     ap.add_argument("--side", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.side:
@@ -156,47 +240,31 @@ def main() -> int:
         if not (args.cache / FOLDERS[name] / "model.onnx").exists():
             print(f"{name}: no folder in {args.cache}: run benchmarks/_llm_models.py first")
             continue
-        got = {}
-        for side in ("ours", "ort"):
-            cmd = [sys.executable, __file__, "--side", side, name, "--cache", str(args.cache)]
-            cmd += ["--prompt", str(args.prompt), "--new", str(args.new)]
-            cmd += ["--threads", str(args.threads)]
-            p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
-            line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-            if p.returncode or not line:
-                print(f"{name} {side} failed:\n{p.stderr[-3000:]}")
-                break
-            got[side] = json.loads(line[0][7:])
-            r = got[side]
-            print(
-                f"{name:5} {side:4} prefill {r['prefill_tok_s']:8.1f} tok/s  decode "
-                f"{r['decode_tok_s']:6.2f} tok/s  ttft {r['ttft_s']:6.2f} s  peak RSS "
-                f"{r['peak_rss_mb']:7.0f} MB  first run {r['first_run_s']:6.1f} s",
-                flush=True,
-            )
-        if len(got) == 2:
-            o, t = got["ours"], got["ort"]
-            same = o["tokens"] == t["tokens"]
-            pairs = enumerate(zip(o["tokens"], t["tokens"], strict=True))
-            agree = next((i for i, (a, b) in pairs if a != b), None)
-            rows.append((name, o, t, same, agree))
+        o, t, pairs = _compare(name, args)
+        same = o["tokens"] == t["tokens"] and o["same"] and t["same"]
+        agree = next(
+            (i for i, (a, b) in enumerate(zip(o["tokens"], t["tokens"], strict=True)) if a != b),
+            None,
+        )
+        rows.append((name, o, t, same, agree, pairs))
     print(
         f"\nQwen2-0.5B configuration, random weights; prompt {args.prompt} tokens, "
         f"{args.new} greedy tokens, {args.threads} threads each\n"
     )
     print("| model | side | prefill tok/s | decode tok/s | TTFT s | peak RSS MB | first run s |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    for name, o, t, _, _ in rows:
+    for name, o, t, _, _, _ in rows:
         for side, r in (("Kyanite", o), ("onnxruntime", t)):
             print(
                 f"| {name} | {side} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.2f} | "
                 f"{r['ttft_s']:.2f} | {r['peak_rss_mb']:.0f} | {r['first_run_s']:.1f} |"
             )
     print()
-    for name, o, t, same, agree in rows:
+    for name, o, t, same, agree, pairs in rows:
+        per = ", ".join(f"{a['decode_tok_s'] / b['decode_tok_s']:.2f}" for a, b in pairs)
         print(
             f"{name}: prefill {o['prefill_tok_s'] / t['prefill_tok_s']:.2f}x, decode "
-            f"{o['decode_tok_s'] / t['decode_tok_s']:.2f}x, peak RSS "
+            f"{o['decode_tok_s'] / t['decode_tok_s']:.2f}x (per round: {per}), peak RSS "
             f"{o['peak_rss_mb'] / t['peak_rss_mb']:.2f}x of onnxruntime's; greedy tokens "
             + ("identical" if same else f"differ from token {agree}")
         )

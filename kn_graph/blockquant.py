@@ -27,8 +27,8 @@ import weakref
 import numpy as np
 
 from kn_graph.errors import GraphError
-from kn_graph.graph import Graph
-from kn_graph.ops import BlockQuantMatMul, Constant, Input, Value
+from kn_graph.graph import Graph, ValueInfo
+from kn_graph.ops import BlockQuantMatMul, Constant, Op, Value
 from kn_graph.shape import Shape
 
 __all__ = ["dequantize", "has_block_products", "lower_block_products", "unpack_bits"]
@@ -62,37 +62,22 @@ def has_block_products(graph: Graph) -> bool:
 def lower_block_products(graph: Graph) -> Graph:
     """A copy of `graph` whose BlockQuantMatMuls are MatMuls with the dequantized weights (as
     constants of a's type); everything else rebuilt as it is. Cached per graph."""
-    from kn_graph.optimizer.core import OptimizerSettings, Rewriter, copy_op
+    from kn_graph.optimizer.core import rebuild_with
 
     done = _LOWERED.get(graph)
-    if done is not None:
-        return done
-    rw = Rewriter(graph, OptimizerSettings())
-    g = rw.new
-    for v in graph.values():
-        info = graph[v]
-        op = info.op.map_inputs(rw.get)
-        match op:
-            case Input():
-                new_v = g.input(info.shape, info.dtype, info.debug_name)
-            case BlockQuantMatMul(a, _, _, _, bits, block):
-                src = info.op
-                assert isinstance(src, BlockQuantMatMul)
-                arrays = [_constant(graph, x) for x in (src.packed, src.scales, src.zeros)]
-                k = graph.shape(src.a)[1].as_int()
-                w = dequantize(*arrays, bits, block, k).T.astype(info.dtype.np)
-                m = g.shape(a)[0]
-                b = g.view(g.constant(np.ascontiguousarray(w)), Shape.of(1, k, w.shape[1]))
-                new_v = g.view(g.matmul(g.view(a, Shape.of(1, m, k)), b), info.shape)
-            case _:
-                new_v = copy_op(g, info, op)
-        if info.debug_name:
-            g.set_debug_name(new_v, info.debug_name)
-        rw.set(v, new_v)
-    for out, name in zip(graph.outputs, graph.output_names, strict=True):
-        g.add_output(rw.get(out), name)
-    _LOWERED[graph] = g
-    return g
+    if done is None:
+        done = _LOWERED[graph] = rebuild_with(graph, _lowered)
+    return done
+
+
+def _lowered(g: Graph, info: ValueInfo, op: Op) -> Value | None:
+    if not isinstance(op, BlockQuantMatMul):
+        return None
+    arrays = [_constant(g, x) for x in (op.packed, op.scales, op.zeros)]
+    m, k = g.shape(op.a).dims
+    w = dequantize(*arrays, op.bits, op.block, k.as_int()).T.astype(info.dtype.np)
+    b = g.view(g.constant(np.ascontiguousarray(w)), Shape.of(1, k, w.shape[1]))
+    return g.view(g.matmul(g.view(op.a, Shape.of(1, m, k)), b), info.shape)
 
 
 def _constant(graph: Graph, v: Value) -> np.ndarray:

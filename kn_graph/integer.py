@@ -27,8 +27,8 @@ from __future__ import annotations
 import weakref
 
 from kn_graph.dtype import DType
-from kn_graph.graph import Graph
-from kn_graph.ops import Input, IntConv, IntMatMul, Value
+from kn_graph.graph import Graph, ValueInfo
+from kn_graph.ops import IntConv, IntMatMul, Op, Value
 from kn_graph.shape import Shape
 
 __all__ = ["has_integer_products", "lower_integer_products"]
@@ -47,39 +47,22 @@ def _shifted(g: Graph, q: Value, zero: Value) -> Value:
 def lower_integer_products(graph: Graph) -> Graph:
     """A copy of `graph` with IntMatMul and IntConv computed in float64 (exact; see the module
     docstring) and converted to int32; everything else rebuilt as it is. Cached per graph."""
-    from kn_graph.optimizer.core import OptimizerSettings, Rewriter, copy_op
+    from kn_graph.optimizer.core import rebuild_with
 
     done = _LOWERED.get(graph)
-    if done is not None:
-        return done
-    rw = Rewriter(graph, OptimizerSettings())
-    g = rw.new
-    for v in graph.values():
-        info = graph[v]
-        op = info.op.map_inputs(rw.get)
-        match op:
-            case Input():
-                new_v = g.input(info.shape, info.dtype, info.debug_name)
-            case IntMatMul(a, b, za, zb):
-                acc = g.matmul(_shifted(g, a, za), _shifted(g, b, zb))
-                new_v = g.cast(acc, DType.I32)
-            case IntConv(x, w, zx, zw, d):
-                zw_k = g.view(zw, Shape.of(*g.shape(zw).dims, *[1] * (g[w].rank - 1)))
-                acc = g.conv(
-                    _shifted(g, x, zx),
-                    _shifted(g, w, zw_k),
-                    d.stride,
-                    d.padding,
-                    d.dilation,
-                    d.groups,
-                )
-                new_v = g.cast(acc, DType.I32)
-            case _:
-                new_v = copy_op(g, info, op)
-        if info.debug_name:
-            g.set_debug_name(new_v, info.debug_name)
-        rw.set(v, new_v)
-    for v, name in zip(graph.outputs, graph.output_names, strict=True):
-        g.add_output(rw.get(v), name)
-    _LOWERED[graph] = g
-    return g
+    if done is None:
+        done = _LOWERED[graph] = rebuild_with(graph, _lowered)
+    return done
+
+
+def _lowered(g: Graph, info: ValueInfo, op: Op) -> Value | None:
+    match op:
+        case IntMatMul(a, b, za, zb):
+            return g.cast(g.matmul(_shifted(g, a, za), _shifted(g, b, zb)), DType.I32)
+        case IntConv(x, w, zx, zw, d):
+            zw_k = g.view(zw, Shape.of(*g.shape(zw).dims, *[1] * (g[w].rank - 1)))
+            acc = g.conv(
+                _shifted(g, x, zx), _shifted(g, w, zw_k), d.stride, d.padding, d.dilation, d.groups
+            )
+            return g.cast(acc, DType.I32)
+    return None

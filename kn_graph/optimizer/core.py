@@ -149,6 +149,26 @@ class Rewriter:
         return copy_op(self.new, info, info.op.map_inputs(self.get))
 
 
+def rebuild_with(graph: Graph, rule: Callable[[Graph, ValueInfo, Op], Value | None]) -> Graph:
+    """A copy of `graph` whose ops `rule` rebuilds (given the new graph, the old value's info
+    and its op with operands mapped; None: rebuilt as it is), debug names and outputs kept:
+    the loop of a lowering (`kn_graph.integer`, `kn_graph.blockquant`)."""
+    rw = Rewriter(graph, OptimizerSettings())
+    g = rw.new
+    for v in graph.values():
+        info = graph[v]
+        op = info.op.map_inputs(rw.get)
+        new_v = rule(g, info, op)
+        if new_v is None:
+            new_v = copy_op(g, info, op)
+        if info.debug_name:
+            g.set_debug_name(new_v, info.debug_name)
+        rw.set(v, new_v)
+    for v, name in zip(graph.outputs, graph.output_names, strict=True):
+        g.add_output(rw.get(v), name)
+    return g
+
+
 def copy_op(g: Graph, info: ValueInfo, op: Op) -> Value:
     """Build `op` (whose operands already belong to `g`) with `info`'s shape and dtype."""
     match op:
