@@ -34,6 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"fp32": "qwen2_0.5b_optimum", "4bit": "qwen2_0.5b_optimum_4bit"}
 Runner = Callable[[], dict]
+PAUSE_S = 1.0
+"""Idle seconds before each measured generation: onnxruntime's intra-op threads spin for a while
+after a run, and on 2 cores they took the other side's first steps (a round at 0.73x, the next
+at 1.36x)."""
 
 
 def _peak_rss_mb() -> float:
@@ -150,6 +154,7 @@ def _side(args: argparse.Namespace) -> int:
     for line in sys.stdin:
         if line.strip() != "go":
             break
+        time.sleep(PAUSE_S)  # the other side's pool may still spin after its turn
         print("RESULT " + json.dumps(run()), flush=True)
     print("PEAK " + json.dumps({"peak_rss_mb": _peak_rss_mb()}), flush=True)
     return 0
