@@ -186,6 +186,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("-k", dest="only", action="append", choices=list(MODELS))
     ap.add_argument("--engine", choices=["ray", "triton"], default="ray")
+    ap.add_argument("--runtime", action="append", choices=["kyanite", "onnxruntime"])
+    ap.add_argument("--batch-wait-ms", type=float, default=0.0, help="@serve.batch's wait")
     args = ap.parse_args()
     if not all((args.cache / f).exists() for f in MODELS.values()):
         print("exporting the models ...", flush=True)
@@ -215,7 +217,7 @@ def main() -> None:
         for name in args.only or list(MODELS):
             path = args.cache / MODELS[name]
             body, ctype, inputs = _body(name)
-            for runtime in ("kyanite", "onnxruntime"):
+            for runtime in args.runtime or ("kyanite", "onnxruntime"):
                 row: dict[str, float] = {}
                 direct = load_model(path, threads=1, runtime=runtime)
                 for _ in range(3):
@@ -240,7 +242,7 @@ def main() -> None:
                         ray_actor_options={"num_cpus": 0.5},
                         threads=1,
                         max_batch_size=batch,
-                        batch_wait_timeout_s=0.005,
+                        batch_wait_timeout_s=args.batch_wait_ms / 1000,
                         runtime=runtime,
                     )
                     serve.run(app, route_prefix="/", name="bench")

@@ -42,7 +42,11 @@ def build_parser() -> OneLineParser:
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per replica (1)")
     ap.add_argument("--max-batch-size", type=int, default=16, help="dynamic batching cap (16)")
     ap.add_argument(
-        "--batch-wait-ms", type=float, default=5.0, help="longest wait to fill a batch (5 ms)"
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="longest wait to fill a batch (0: a free replica takes what is queued; requests "
+        "that arrive while it runs queue anyway)",
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
     return ap
