@@ -124,6 +124,25 @@ class Generator:
         stream's `result` holds the `GenerationResult` once it is exhausted. Arguments as
         `generate`."""
         started = time.perf_counter()
+        rows, settings = self.settings(
+            prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop
+        )
+        return GenerationStream(
+            run(self.model, self.tokenizer, rows, self.vocab, settings, started)
+        )
+
+    def settings(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> tuple[list[list[int]], LoopSettings]:
+        """The prompt's rows of ids and the loop's settings, checked (arguments as `generate`)."""
         params = SamplingParams(float(temperature), top_k, float(top_p), float(repetition_penalty))
         rows = self.encode(prompt)
         settings = LoopSettings(
@@ -142,9 +161,7 @@ class Generator:
                 f"the prompt has {longest} tokens but the model's context is {context} "
                 f"({_context_source(self.spec)}): shorten the prompt"
             )
-        return GenerationStream(
-            run(self.model, self.tokenizer, rows, self.vocab, settings, started)
-        )
+        return rows, settings
 
     def generate(
         self,

@@ -42,6 +42,38 @@ class Cache:
         self._reserve(n)
         return {k: b[:, :, :n] for k, b in self._buf.items()}
 
+    @classmethod
+    def _of(cls, bufs: dict[str, np.ndarray], length: int) -> Cache:
+        c = cls.__new__(cls)
+        c.length, c._buf = length, bufs
+        return c
+
+    def select(self, rows: Sequence[int]) -> Cache:
+        """A cache of these batch rows (copied)."""
+        return Cache._of(
+            {k: b[rows, :, : self.length].copy() for k, b in self._buf.items()}, self.length
+        )
+
+    def shifted(self, front: int, drop: int = 0) -> Cache:
+        """A copy with `front` zero positions before the past, less its first `drop` positions
+        (rows joining a batch of a longer past are left-padded; positions no row reads go)."""
+        n = self.length - drop + front
+        out = {}
+        for k, b in self._buf.items():
+            grown = np.zeros((b.shape[0], b.shape[1], n, b.shape[3]), b.dtype)
+            grown[:, :, front:] = b[:, :, drop : self.length]
+            out[k] = grown
+        return Cache._of(out, n)
+
+    @staticmethod
+    def stacked(caches: Sequence[Cache]) -> Cache:
+        """The rows of caches of one length, one batch."""
+        length = caches[0].length
+        names = list(caches[0]._buf)
+        return Cache._of(
+            {k: np.concatenate([c._buf[k][:, :, :length] for c in caches]) for k in names}, length
+        )
+
     def positions(self, name: str, start: int, stop: int) -> np.ndarray:
         """Positions [start, stop) of buffer `name`, as a view."""
         return self._buf[name][:, :, start:stop]

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kn_graph.errors import RequestError
+from kn_runtime.generate.batcher import Batcher
 from kn_runtime.serve.codec import json_object
 
 if TYPE_CHECKING:
-    from kn_runtime.generate.generator import GenerationStream, Generator
+    from kn_runtime.generate.generator import Generator
     from kn_runtime.generate.result import GenerationResult, TokenEvent
 
 __all__ = [
@@ -122,11 +123,14 @@ def check_request(doc: dict[str, Any]) -> GenerationRequest:
     return request
 
 
-def start(generator: Generator, request: GenerationRequest) -> GenerationStream:
-    """The request's generation, not yet begun (nothing is evaluated until it is iterated): what
-    the generator refuses (a prompt longer than the context) is raised here, before an answer
-    starts. Its errors are `ArgumentValueError`/`ArgumentTypeError`, which servers answer 400."""
-    return generator.stream(
+def start(generator: Generator | Batcher, request: GenerationRequest) -> Any:
+    """The request's generation: a `Generator`'s, not yet begun (nothing is evaluated until it
+    is iterated), or submitted to a `Batcher` (decoded together with the others under way).
+    What the generator refuses (a prompt longer than the context) is raised here, before an
+    answer starts. Its errors are `ArgumentValueError`/`ArgumentTypeError`, which servers
+    answer 400."""
+    begin = generator.submit if isinstance(generator, Batcher) else generator.stream
+    return begin(
         request.prompt,
         max_new_tokens=request.max_new_tokens,
         temperature=request.temperature,

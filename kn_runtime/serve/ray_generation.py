@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kn_graph.errors import ArgumentValueError
+from kn_runtime.generate.batcher import Batcher
 from kn_runtime.serve import codec
 from kn_runtime.serve.ray_serve import (
     _actor_options,
@@ -37,6 +38,9 @@ __all__ = ["GenerationDeployment", "generation_deployment", "serve_generation_fo
 
 log = logging.getLogger(__name__)
 
+
+MAX_ONGOING = 16
+"""Requests a replica takes at a time, all decoded together (`Batcher`)."""
 
 GENERATION_MAX_BODY = 1 << 20
 """The largest generation request body (a prompt and a few settings), in bytes."""
@@ -79,8 +83,8 @@ async def _in_thread(items: Iterable[Any]) -> AsyncIterator[Any]:
 class GenerationDeployment:
     """One Serve replica holding one `Generator` (an LLM folder on a device): POST a JSON
     request (`generation.parse_request`), get the answer at once or streamed as
-    newline-delimited JSON. Each generation runs in a worker thread; concurrent requests
-    generate side by side, their steps taking turns on the model (its lock). Every failure
+    newline-delimited JSON. Concurrent requests are decoded together (`generate.Batcher`,
+    continuous batching); a stream is read in a worker thread. Every failure
     before the answer starts is an HTTP error (`codec.encode_error`: 400 for a bad field, 413
     over the body limit); one after a stream started ends it with an `{"error"}` line.
 
@@ -92,6 +96,8 @@ class GenerationDeployment:
         from kn_runtime.serve.loading import resolve_device
 
         self.generator: Generator = load_generator(folder, resolve_device(device, threads))
+        # concurrent requests decoded together (continuous batching), as many as Serve lets in
+        self.batcher = Batcher(self.generator, max_batch=MAX_ONGOING)
         spec = self.generator.spec
         self._metadata = {
             "model": spec.folder.name,
@@ -111,7 +117,8 @@ class GenerationDeployment:
         from kn_runtime.serve import generation
 
         try:
-            early = _not_a_post(request, self._metadata | {"served": self._served})
+            batched = {"steps": self.batcher.steps, "largest_batch": self.batcher.largest_batch}
+            early = _not_a_post(request, self._metadata | {"served": self._served | batched})
             if early is not None:
                 return early
             _check_length(request, GENERATION_MAX_BODY)
@@ -119,7 +126,7 @@ class GenerationDeployment:
             if len(body) > GENERATION_MAX_BODY:
                 raise _too_large(len(body), GENERATION_MAX_BODY)
             asked = generation.parse_request(body)
-            stream = generation.start(self.generator, asked)  # a refused prompt: 400 here
+            stream = generation.start(self.batcher, asked)  # a refused prompt: 400 here
             self._served["requests"] += 1
             if asked.stream:
                 self._served["streamed"] += 1
@@ -165,7 +172,7 @@ def generation_deployment(
 
     Each replica loads the folder itself (the same path on every node). Replicas reserve
     `threads` CPUs (one GPU when `device` is a CUDA device) unless `ray_actor_options` says
-    otherwise, and take up to 16 requests at a time (they generate side by side);
+    otherwise, and take up to 16 requests at a time (decoded together: `generate.Batcher`);
     `deployment_options`: further `serve.deployment` options, which win over these."""
     from kn_runtime.generate.folder import read_folder
     from kn_runtime.generate.generator import TINY_LLM
@@ -179,7 +186,7 @@ def generation_deployment(
         "name": name,
         "num_replicas": num_replicas,
         "ray_actor_options": _actor_options(threads, device, ray_actor_options),
-        "max_ongoing_requests": 16,
+        "max_ongoing_requests": MAX_ONGOING,
     }
     settings.update(deployment_options or {})
     if "autoscaling_config" in settings and "num_replicas" not in (deployment_options or {}):

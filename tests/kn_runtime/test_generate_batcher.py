@@ -1,0 +1,102 @@
+"""Continuous batching (`kn_runtime.generate.Batcher`): requests submitted from several threads,
+at once and while others run, share decode steps, and each one's greedy tokens are those it gets
+alone (the stored onnxruntime continuation for the fixture's prompt)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from kn_graph.errors import ArgumentValueError
+from kn_runtime import Device, load_generator
+from kn_runtime.generate import Batcher
+from tests.paths import MODELS
+
+LLM = MODELS / "llm"
+
+
+def _prompts(folder: str = "llama_optimum") -> list[list[int]]:
+    ref = np.load(LLM / folder / "reference.npz")
+    first = ref["prompt_ids"][0].tolist()
+    mask = ref["batch_mask"]
+    rows = [ref["batch_ids"][i][mask[i] == 1].tolist() for i in range(2)]
+    return [first, *rows, first[:3]]
+
+
+@pytest.mark.parametrize(
+    ("folder", "device"),
+    [
+        ("llama_optimum", "reference"),
+        ("llama_optimum", "cpu"),
+        ("qwen2_optimum", "cpu"),
+        ("gpt2_optimum", "cpu"),
+        ("qwen2_genai", "cpu"),  # GroupQueryAttention: one request at a time
+    ],
+)
+def test_concurrent_requests_share_steps_and_keep_their_tokens(folder: str, device: str) -> None:
+    gen = load_generator(
+        LLM / folder, Device.cpu(reference=True) if device == "reference" else Device.cpu()
+    )
+    prompts = _prompts(folder)
+    new = [24, 16, 30, 12]  # rows leave at different steps
+    alone = [gen.generate([p], max_new_tokens=n).ids[0] for p, n in zip(prompts, new, strict=True)]
+    b = Batcher(gen, max_batch=4)
+    got: list[tuple[int, ...] | None] = [None] * len(prompts)
+    go = threading.Barrier(len(prompts))
+
+    def client(i: int) -> None:
+        go.wait()
+        stream = b.submit(prompts[i], max_new_tokens=new[i])
+        ids = [e.token_id for e in stream]
+        assert stream.result is not None and tuple(ids) == stream.result.ids[0]
+        got[i] = tuple(ids)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    b.close()
+    assert got == [tuple(a) for a in alone]
+    if gen.model.appends:
+        assert b.steps < sum(new) - len(new)  # shared: fewer steps than the requests' tokens
+        assert b.largest_batch >= 2
+    else:
+        assert b.max_batch == b.largest_batch == 1
+
+
+def test_a_request_joins_a_running_batch() -> None:
+    """The second request arrives after the first has made 6 tokens (a longer past joins a
+    shorter one and the other way round, both left-padded), and leaves first."""
+    gen = load_generator(LLM / "llama_optimum", Device.cpu())
+    long_prompt, short_prompt = _prompts()[0], _prompts()[3]
+    for first, second in ((short_prompt, long_prompt), (long_prompt, short_prompt)):
+        want_a = gen.generate([first], max_new_tokens=20).ids[0]
+        want_b = gen.generate([second], max_new_tokens=8).ids[0]
+        b = Batcher(gen)
+        a_ids, b_stream = [], None
+        for e in b.submit(first, max_new_tokens=20):
+            a_ids.append(e.token_id)
+            if len(a_ids) == 6:
+                b_stream = b.submit(second, max_new_tokens=8)
+        assert b_stream is not None
+        assert tuple(a_ids) == want_a
+        assert tuple(e.token_id for e in b_stream) == want_b
+        assert b.largest_batch == 2
+        b.close()
+
+
+def test_bad_requests_fail_alone() -> None:
+    gen = load_generator(LLM / "llama_optimum", Device.cpu(reference=True))
+    b = Batcher(gen)
+    with pytest.raises(ArgumentValueError, match="one prompt"):
+        b.submit(["a", "b"])
+    with pytest.raises(ArgumentValueError, match="outside the vocabulary"):
+        b.submit([10**9])
+    ok = b.submit([1, 2, 3], max_new_tokens=3)
+    assert len(list(ok)) == 3
+    b.close()
+    with pytest.raises(ArgumentValueError, match="max_batch"):
+        Batcher(gen, max_batch=0)
