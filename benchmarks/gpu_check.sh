@@ -16,7 +16,7 @@
 # Stage limits in seconds, each also cut to what is left of TOTAL_S (kill grace included), so
 # the stages never sum past it: VERSIONS_S=45; TESTS_S=240 (with pytest-timeout, one hung test
 # stops after TEST_TIMEOUT_S=90 instead of the stage); the benchmark gets the rest, at most
-# BENCH_S=240, less SUMMARY_S=15 kept for the tables. The test stage runs the device tests only
+# BENCH_S=210, less SUMMARY_S=15 kept for the tables. The test stage runs the device tests only
 # (`-m cuda`: every CPU test runs in CI; on 2 busy cores the host-kernel tests alone took 7
 # minutes, which would eat the device time). The image has no onednn-cpu-gomp: CPU-backend code
 # the device tests touch takes the NumPy fallback, as `KN_ONEDNN=0` makes it elsewhere.
@@ -40,7 +40,8 @@ TOTAL_S=${TOTAL_S:-510}
 VERSIONS_S=${VERSIONS_S:-45}
 TESTS_S=${TESTS_S:-240}
 TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-90}
-BENCH_S=${BENCH_S:-240}
+BENCH_S=${BENCH_S:-210}
+LLM_S=${LLM_S:-30}
 SUMMARY_S=${SUMMARY_S:-15}
 KILL_S=3  # grace between TERM and KILL, counted in every limit below
 START=$(date +%s)
@@ -116,6 +117,31 @@ tail -n 40 "$OUT/pytest.log"
 TEST_LINE=$(grep -E "(passed|failed|error)" "$OUT/pytest.log" | tail -n 1)
 [ "$TEST_RC" -eq 124 ] && TEST_LINE="TIMED OUT after ${T_LIMIT} s; last: ${TEST_LINE}"
 done_stage tests "$T_LIMIT" "rc=$TEST_RC ${TEST_LINE:-(no summary line)}"
+
+L_LIMIT=$(limit "$LLM_S" $((SUMMARY_S + 30)))
+stage "llm decode (limit ${L_LIMIT} s)"
+timeout -k "$KILL_S" "$L_LIMIT" "$PY" - > "$OUT/llm.log" 2>&1 <<'PYEOF'
+# decode tokens/s of the Qwen2-style fixture on the GPU (a warm run, then a measured one), the
+# tokens against onnxruntime's stored ones; every decode step of a padded length one graph replay
+import numpy as np
+from kn_runtime import Device, load_generator
+from tests.paths import MODELS
+for name in ("qwen2_optimum", "qwen2_genai_int4"):
+    folder = MODELS / "llm" / name
+    ref = np.load(folder / "reference.npz")
+    gen = load_generator(folder, Device.cuda())
+    prompt = ref["prompt_ids"][0].tolist()
+    gen.generate([prompt], max_new_tokens=64)
+    r = gen.generate([prompt], max_new_tokens=64)
+    t = r.timing
+    same = r.ids[0] == tuple(ref["tokens"][0][:64].tolist())
+    print(f"llm {name}: prefill {t.prefill_tokens_per_s:.0f} tok/s, decode "
+          f"{t.decode_tokens_per_s:.1f} tok/s, ttft {t.time_to_first_token_s * 1e3:.1f} ms, "
+          f"tokens {'= onnxruntime' if same else 'DIFFER'}")
+PYEOF
+LLM_RC=$?
+cat "$OUT/llm.log" | tail -n 8
+done_stage "llm decode" "$L_LIMIT" "rc=$LLM_RC $(grep -c '^llm ' "$OUT/llm.log") models"
 
 B_LIMIT=$(limit "$BENCH_S" "$SUMMARY_S")
 stage "gpu_vs_peers (limit ${B_LIMIT} s)"
