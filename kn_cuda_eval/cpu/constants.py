@@ -7,7 +7,6 @@ another binding's executor of the same prepared graph changed the shared arena s
 from __future__ import annotations
 
 import functools
-import hashlib
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from kn_cuda_eval.cpu.arena import (
 from kn_cuda_eval.planning import steps as st
 from kn_cuda_eval.planning.plan import Plan
 from kn_graph.filemap import release_pages
+from kn_graph.ops import content_digest
 
 __all__ = ["ArenaConstants", "copy_constant"]
 
@@ -46,8 +46,7 @@ def copy_constant(arena: np.ndarray, off: int, data: np.ndarray) -> None:
 def _content(data: np.ndarray) -> tuple[object, ...]:
     """A constant the planner made for one binding (a uniform value at its shape), by content:
     the next binding makes its own array of the same bytes."""
-    digest = hashlib.blake2b(np.ascontiguousarray(data).view(np.uint8), digest_size=16)
-    return ("content", digest.hexdigest(), data.shape, data.dtype.str)
+    return ("content", content_digest(data))
 
 
 class ArenaConstants:

@@ -244,3 +244,18 @@ def test_tensor_of_a_non_contiguous_array_is_contiguous():
     assert t.array.flags.c_contiguous and not t.array.flags.writeable
     np.testing.assert_array_equal(t.array, base.T)
     assert t == Tensor(np.ascontiguousarray(base.T))
+
+
+def test_content_digest_is_the_bytes_dtype_and_shape() -> None:
+    """Constants are one when their bytes, dtype and shape are: the digest (XXH3-128 where
+    xxhash is installed) tells apart a flipped byte, a reinterpreted dtype and a reshape."""
+    from kn_graph.ops import content_digest
+
+    a = np.arange(12, dtype=np.float32)
+    same = content_digest(a.copy())
+    assert content_digest(a) == same
+    b = a.copy()
+    b.view(np.uint8)[5] ^= 1
+    others = {content_digest(b), content_digest(a.view(np.int32)), content_digest(a.reshape(3, 4))}
+    assert same not in others and len(others) == 3
+    assert content_digest(a[::2]) == content_digest(np.ascontiguousarray(a[::2]))
