@@ -17,6 +17,25 @@ from tests.paths import MODELS
 LLM = MODELS / "llm"
 
 
+class _Gated:
+    """The model of a batcher whose `call`-th forward waits for `go` (the test's thread has
+    submitted what it means to join by then): the join happens at a known step whatever the
+    speed of the machine, not when the loop thread happens to be slow."""
+
+    def __init__(self, model: object, call: int) -> None:
+        self._model, self._call, self._calls = model, call, 0
+        self.go = threading.Event()
+
+    def forward(self, *args: object) -> object:
+        self._calls += 1
+        if self._calls == self._call and not self.go.wait(timeout=120):
+            raise TimeoutError("the test never released the gated forward")
+        return self._model.forward(*args)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._model, name)
+
+
 def _prompts(folder: str = "llama_optimum") -> list[list[int]]:
     ref = np.load(LLM / folder / "reference.npz")
     first = ref["prompt_ids"][0].tolist()
@@ -43,12 +62,15 @@ def test_concurrent_requests_share_steps_and_keep_their_tokens(folder: str, devi
     new = [24, 16, 30, 12]  # rows leave at different steps
     alone = [gen.generate([p], max_new_tokens=n).ids[0] for p, n in zip(prompts, new, strict=True)]
     b = Batcher(gen, max_batch=4)
+    b.model = gated = _Gated(b.model, call=1)  # the first prefill waits for every submission
     got: list[tuple[int, ...] | None] = [None] * len(prompts)
     go = threading.Barrier(len(prompts))
+    submitted = threading.Semaphore(0)
 
     def client(i: int) -> None:
         go.wait()
         stream = b.submit(prompts[i], max_new_tokens=new[i])
+        submitted.release()
         ids = [e.token_id for e in stream]
         assert stream.result is not None and tuple(ids) == stream.result.ids[0]
         got[i] = tuple(ids)
@@ -56,6 +78,9 @@ def test_concurrent_requests_share_steps_and_keep_their_tokens(folder: str, devi
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
+    for _ in threads:
+        submitted.acquire()
+    gated.go.set()
     for t in threads:
         t.join()
     b.close()
@@ -76,11 +101,13 @@ def test_a_request_joins_a_running_batch() -> None:
         want_a = gen.generate([first], max_new_tokens=20).ids[0]
         want_b = gen.generate([second], max_new_tokens=8).ids[0]
         b = Batcher(gen)
+        b.model = gated = _Gated(b.model, call=7)  # the 7th forward waits for the submission
         a_ids, b_stream = [], None
         for e in b.submit(first, max_new_tokens=20):
             a_ids.append(e.token_id)
             if len(a_ids) == 6:
                 b_stream = b.submit(second, max_new_tokens=8)
+                gated.go.set()
         assert b_stream is not None
         assert tuple(a_ids) == want_a
         assert tuple(e.token_id for e in b_stream) == want_b
