@@ -10,16 +10,21 @@ positions no remaining row reads. Each request keeps its own sampling settings, 
 generator, stop strings and limits; its events come through its own queue.
 
 Only for models whose cache appends (`DecoderModel.appends`: every present is the past plus
-the new positions): a GroupQueryAttention export places a left-padded row's new keys after
-that row's own past, which a join would move. Other models run their requests one at a time.
+the new positions) and whose padding is exact (`DecoderModel.pads_exactly`: positions from
+`position_ids`): a GroupQueryAttention export places a left-padded row's new keys after that
+row's own past, which a join would move, and a model that counts positions from the past
+length would give a row joined with padding positions its prefill did not (its rotary
+distances off by the padding). Other models run their requests one at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +50,8 @@ class _Request:
     rng: np.random.Generator
     started: float
     events: queue.Queue = field(default_factory=queue.Queue)  # type: ignore[type-arg]
+    wake: Callable[[], None] | None = None  # an async reader's: called after each event
+    cancelled: bool = False  # its reader went away: the row leaves at the next step
     finish: str | None = None
     prefill_s: float = 0.0
     ttft_s: float = 0.0
@@ -68,6 +75,14 @@ class _Request:
             self.finish = reason
         return TokenEvent(0, token, piece, reason)
 
+    def emit(self, event: object) -> None:
+        """Hand `event` (a `TokenEvent`, an exception or the end) to the request's reader."""
+        self.events.put(event)
+        wake = self.wake
+        if wake is not None:
+            with contextlib.suppress(RuntimeError):  # the reader's loop has closed
+                wake()
+
     def done(self) -> None:
         self.result = GenerationResult(
             prompt_ids=(tuple(self.ids),),
@@ -78,26 +93,56 @@ class _Request:
                 len(self.ids), self.prefill_s, self.ttft_s, self.decode_tokens, self.decode_s
             ),
         )
-        self.events.put(_END)
+        self.emit(_END)
 
 
 class BatchedStream:
     """One request's token events as they come; `result` once exhausted (as
-    `GenerationStream`)."""
+    `GenerationStream`). Read it with `for` (blocks the thread between tokens) or, on an event
+    loop, with `async for` (waits without a thread: the loop is woken by each event), which is
+    how an asyncio server streams many requests from one thread."""
 
     def __init__(self, request: _Request) -> None:
         self._r = request
         self.result: GenerationResult | None = None
 
+    def _event(self, e: object) -> TokenEvent | None:
+        """A token event, or None at the end (the result then set); raises a failure."""
+        if e is _END:
+            self.result = self._r.result
+            return None
+        if isinstance(e, BaseException):
+            raise e
+        return e  # type: ignore[return-value]
+
     def __iter__(self) -> Iterator[TokenEvent]:
-        while True:
-            e = self._r.events.get()
-            if e is _END:
-                self.result = self._r.result
-                return
-            if isinstance(e, BaseException):
-                raise e
+        while (e := self._event(self._r.events.get())) is not None:
             yield e
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        self._r.wake = lambda: loop.call_soon_threadsafe(ready.set)
+        try:
+            while True:
+                ready.clear()  # before looking: an event put after the look sets it again
+                try:
+                    got = self._r.events.get_nowait()
+                except queue.Empty:
+                    await ready.wait()
+                    continue
+                if (e := self._event(got)) is None:
+                    return
+                yield e
+        finally:
+            self._r.wake = None
+            if self.result is None:  # the reader stopped early (a client went away)
+                self.cancel()
+
+    def cancel(self) -> None:
+        """Stop generating for this request: it leaves the batch at the next step (its finish
+        reason "cancelled"); the events it made so far stay readable."""
+        self._r.cancelled = True
 
 
 class Batcher:
@@ -110,7 +155,8 @@ class Batcher:
             raise ArgumentValueError(f"Batcher: max_batch must be an int >= 1, found {max_batch!r}")
         self.gen = generator
         self.model = generator.model  # type: ignore[attr-defined]
-        self.max_batch = max_batch if self.model.appends else 1
+        joins = self.model.appends and self.model.pads_exactly
+        self.max_batch = max_batch if joins else 1
         self.steps = 0
         """Batched decode steps run so far (each a single evaluation for every active row)."""
         self.largest_batch = 0
@@ -155,6 +201,10 @@ class Batcher:
         self._pending.put(req)
         return BatchedStream(req)
 
+    def waiting(self) -> int:
+        """How many submitted requests the loop has not taken yet."""
+        return self._pending.qsize()
+
     def close(self) -> None:
         """Stop the loop once the requests it has run out (new ones are not taken)."""
         with self._lock:
@@ -189,13 +239,17 @@ class Batcher:
                 cache, mask, tokens, active = self._step(cache, mask, tokens, active)  # type: ignore[arg-type]
             except BaseException as e:  # every active request gets the error, the loop goes on
                 for r in active:
-                    r.events.put(e if isinstance(e, KnError) else RuntimeError(str(e)))
+                    r.emit(e if isinstance(e, KnError) else RuntimeError(str(e)))
                 active, cache = [], None
                 mask, tokens = np.zeros((0, 0), np.int64), np.zeros(0, np.int64)
 
     def _prefill(self, req: _Request) -> tuple[Cache, np.ndarray, int] | None:
         """The request's prompt alone: its first token sent; (its cache, its mask, that token)
-        to join the batch, or None when it ended already (or failed)."""
+        to join the batch, or None when it ended already (or failed, or was cancelled)."""
+        if req.cancelled:
+            req.finish = "cancelled"
+            req.done()
+            return None
         try:
             ids = np.array([req.ids], np.int64)
             mask = np.ones_like(ids)
@@ -206,12 +260,12 @@ class Batcher:
                 choose(logits[:, : self.gen.vocab], req.settings.params, req.seen, req.rng)[0]
             )  # type: ignore[attr-defined]
         except BaseException as e:
-            req.events.put(e if isinstance(e, KnError) else RuntimeError(str(e)))
+            req.emit(e if isinstance(e, KnError) else RuntimeError(str(e)))
             return None
         event = req.take(token)
         req.ttft_s = time.perf_counter() - req.started
         assert event is not None
-        req.events.put(event)
+        req.emit(event)
         if req.finish is not None:
             req.done()
             return None
@@ -231,11 +285,13 @@ class Batcher:
         for i, r in enumerate(active):
             tok = int(choose(logits[i : i + 1, :vocab], r.settings.params, r.seen, r.rng)[0])
             tokens[i] = tok
+            if r.cancelled and r.finish is None:
+                r.finish = "cancelled"
             event = r.take(tok)
             r.decode_s += dt
             if event is not None:
                 r.decode_tokens += 1
-                r.events.put(event)
+                r.emit(event)
         keep = [i for i, r in enumerate(active) if r.finish is None]
         for r in active:
             if r.finish is not None:

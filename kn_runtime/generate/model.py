@@ -171,6 +171,10 @@ class DecoderModel:
         the new ones): the cache keeps its past and appends; else each step's whole present
         (its first positions as the model wrote them) replaces it."""
         exact = signature.attention_mask is not None and _reads(prepared, signature.position_ids)
+        self.pads_exactly = exact
+        """Positions come from `position_ids` and the mask hides past keys: a past padded at
+        its front (or its end) gives the row's logits unpadded (a model that counts positions
+        from the past length shifts a padded row's rotary distances)."""
         self.bucket = (CACHE_BUCKET if exact else 1) if bucket is None else max(1, int(bucket))
         self._lock = threading.Lock()
         self._mirror: tuple[Cache, Any, int, int] | None = None

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 __all__ = ["FINISH_REASONS", "GenerationResult", "Timing", "TokenEvent"]
 
-FINISH_REASONS = ("eos", "stop", "length", "context")
-"""Why a row ended: an end-of-sequence token, a stop string, `max_new_tokens`, or the model's
-context length."""
+FINISH_REASONS = ("eos", "stop", "length", "context", "cancelled")
+"""Why a row ended: an end-of-sequence token, a stop string, `max_new_tokens`, the model's
+context length, or its reader went away (`BatchedStream.cancel`, a served request whose client
+left)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,9 @@ The replica plumbing (metadata, body limits, actor options, running until stoppe
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import threading
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,46 +43,13 @@ MAX_ONGOING = 16
 GENERATION_MAX_BODY = 1 << 20
 """The largest generation request body (a prompt and a few settings), in bytes."""
 
-_DONE = object()
-"""The end of what `_in_thread` hands over from its worker thread."""
-
-
-async def _in_thread(items: Iterable[Any]) -> AsyncIterator[Any]:
-    """Iterate `items` in a worker thread and yield what it gives on the event loop, as it comes:
-    a generation's steps run off the loop, so the replica keeps accepting and streaming other
-    requests meanwhile. An exception in the thread is raised here; when the consumer stops early
-    (the client went away) the thread stops after its current item."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    stop = threading.Event()
-
-    def work() -> None:
-        try:
-            for item in items:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-                if stop.is_set():
-                    break
-            end: Any = _DONE
-        except BaseException as exc:  # handed to the loop, raised there
-            end = exc
-        loop.call_soon_threadsafe(queue.put_nowait, end)
-
-    thread = threading.Thread(target=work, name="kn-generate", daemon=True)
-    thread.start()
-    try:
-        while (item := await queue.get()) is not _DONE:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-
 
 class GenerationDeployment:
     """One Serve replica holding one `Generator` (an LLM folder on a device): POST a JSON
     request (`generation.parse_request`), get the answer at once or streamed as
     newline-delimited JSON. Concurrent requests are decoded together (`generate.Batcher`,
-    continuous batching); a stream is read in a worker thread. Every failure
+    continuous batching); streams are read on the event loop (`async for`), and a client that
+    goes away cancels its request (its row leaves the batch). Every failure
     before the answer starts is an HTTP error (`codec.encode_error`: 400 for a bad field, 413
     over the body limit); one after a stream started ends it with an `{"error"}` line.
 
@@ -131,7 +96,7 @@ class GenerationDeployment:
             if asked.stream:
                 self._served["streamed"] += 1
                 return StreamingResponse(self._lines(stream), media_type="application/x-ndjson")
-            async for _ in _in_thread(stream):
+            async for _ in stream:
                 self._served["tokens"] += 1
             assert stream.result is not None
             return Response(generation.answer(stream.result), media_type="application/json")
@@ -146,7 +111,7 @@ class GenerationDeployment:
         from kn_runtime.serve import generation
 
         try:
-            async for event in _in_thread(stream):
+            async for event in stream:
                 self._served["tokens"] += 1
                 yield generation.event_line(event)
             assert stream.result is not None

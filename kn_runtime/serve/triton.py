@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kn_graph.errors import ArgumentValueError, RequestError
+from kn_runtime.generate.batcher import Batcher
 from kn_runtime.serve import triton_stub as tstub
 from kn_runtime.serve.batching import BatchedModel, TensorSpec
 from kn_runtime.serve.triton_stub import (
@@ -226,16 +227,26 @@ GENERATION_INPUTS: dict[str, type] = {
 (BYTES, shape [1])."""
 
 
-def bind_generator(triton: Any, generator: Generator, *, name: str = "kyanite-generate") -> None:
+def bind_generator(
+    triton: Any,
+    generator: Generator | Batcher,
+    *,
+    name: str = "kyanite-generate",
+    max_batch: int = 8,
+) -> Batcher:
     """Serve `generator` as `name` on a PyTriton `Triton` (from `start`), decoupled: a request
     gets one response per generated token (`text`, its piece; `finish_reason` empty), then one
     with an empty `text` and the finish reason. Clients stream it over gRPC
     (`tritonclient.grpc`: `start_stream`, `async_stream_infer`). The settings are checked as
     the HTTP front ends check them (`generation.check_request`); a bad one is the request's
-    error. Requests are answered one at a time (one model instance)."""
+    error. Concurrent requests are decoded together by a `Batcher` of up to `max_batch` rows
+    (or the one given): the callable is an async generator, which PyTriton runs as a task per
+    request on its event loop, so one model instance streams every request under way. Returns
+    the batcher (its `steps` and `largest_batch` say how much was shared)."""
     _check_started(triton)
     from pytriton.model_config import ModelConfig, Tensor
 
+    batcher = generator if isinstance(generator, Batcher) else Batcher(generator, max_batch)
     inputs = [
         Tensor(name=k, dtype=t, shape=(1,), optional=k != "prompt")
         for k, t in GENERATION_INPUTS.items()
@@ -243,16 +254,18 @@ def bind_generator(triton: Any, generator: Generator, *, name: str = "kyanite-ge
     outputs = [Tensor(name=k, dtype=bytes, shape=(1,)) for k in ("text", "finish_reason")]
     triton.bind(
         model_name=name,
-        infer_func=_generating(generator),
+        infer_func=_generating(batcher),
         inputs=inputs,
         outputs=outputs,
         config=ModelConfig(batching=False, decoupled=True),
     )
+    return batcher
 
 
-def _generating(generator: Generator) -> Any:
-    """PyTriton's decoupled callable: a generator function (that is how PyTriton tells a
-    decoupled one) yielding a response list per token of the (one) request."""
+def _generating(batcher: Batcher) -> Any:
+    """PyTriton's decoupled callable: an async generator function (PyTriton runs each call as a
+    task on its loop, so requests stream side by side) yielding a response list per token of
+    the (one) request; the batcher's events are awaited, not waited for in a thread."""
     from kn_runtime.serve import generation
 
     def piece(text: str, finish: str = "") -> list[dict[str, np.ndarray]]:
@@ -263,17 +276,17 @@ def _generating(generator: Generator) -> Any:
             }
         ]
 
-    def infer(requests: Sequence[Any]) -> Iterator[list[dict[str, np.ndarray]]]:
+    async def infer(requests: Sequence[Any]) -> AsyncIterator[list[dict[str, np.ndarray]]]:
         for request in requests:
             doc = {}
             for key, array in request.data.items():
                 value = np.asarray(array).reshape(-1)[0]
                 doc[key] = value.decode() if isinstance(value, bytes) else value.item()
             try:
-                stream = generation.start(generator, generation.check_request(doc))
+                stream = generation.start(batcher, generation.check_request(doc))
             except (ValueError, TypeError) as exc:  # our request checks, the generator's
                 raise RequestError(str(exc)) from None
-            for event in stream:
+            async for event in stream:
                 yield piece(event.text)
             assert stream.result is not None
             yield piece("", stream.result.finish_reasons[0])

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import queue
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
+from kn_runtime.generate import Batcher
 from kn_runtime.generate.generator import Generator, load_generator
 from kn_runtime.serve import triton as kt
 from tests.kn_runtime.serve.support import free_ports
+from tests.paths import MODELS
 
 pytestmark = [
     pytest.mark.skipif(
@@ -28,15 +32,54 @@ WAIT_S = 60.0
 """Bound on each wait for a response (a failure, not a hang, when exceeded)."""
 
 
+CONCURRENT = 4
+BATCHED = MODELS / "llm" / "llama_optimum"
+"""The concurrent test's LLM: a fixture export whose left-padded rows are exact (the Batcher
+joins them)."""
+
+
+class _HeldUntilQueued:
+    """A batcher's model whose first forward waits until `n` more requests are queued: the
+    concurrent requests are then decoded together whatever the speed of the machine."""
+
+    def __init__(self, batcher: Batcher, n: int) -> None:
+        self._model, self._batcher, self._n, self._calls = batcher.model, batcher, n, 0
+
+    def forward(self, *args: object) -> object:
+        self._calls += 1
+        if self._calls == 1:
+            deadline = time.monotonic() + WAIT_S
+            while self._batcher.waiting() < self._n:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the concurrent requests never arrived")
+                time.sleep(0.01)
+        return self._model.forward(*args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._model, name)
+
+
 @pytest.fixture(scope="module")
-def grpc_url() -> Iterator[str]:
+def server() -> Iterator[tuple[str, Batcher]]:
+    """The server's gRPC address, and the batcher of "gen-batched" (a second binding whose
+    first prefill waits for CONCURRENT requests)."""
     http_port, grpc_port = free_ports(2)
     triton = kt.start(http_port=http_port, grpc_port=grpc_port, exit_timeout_s=5)
     try:
         kt.bind_generator(triton, load_generator(), name="gen")
-        yield f"localhost:{grpc_port}"
+        # the tiny LLM counts positions from the past length (no joins): a folder that reads
+        # position_ids
+        batcher = Batcher(load_generator(BATCHED), max_batch=CONCURRENT)
+        batcher.model = _HeldUntilQueued(batcher, CONCURRENT - 1)
+        assert kt.bind_generator(triton, batcher, name="gen-batched") is batcher
+        yield f"localhost:{grpc_port}", batcher
     finally:
         triton.stop()
+
+
+@pytest.fixture(scope="module")
+def grpc_url(server: tuple[str, Batcher]) -> str:
+    return server[0]
 
 
 def _stream(url: str, settings: dict[str, Any], model: str = "gen") -> list[Any]:
@@ -89,6 +132,34 @@ def test_tokens_stream_one_response_each(grpc_url: str) -> None:
     assert len(responses) == len(expected.ids[0]) + 1  # a response per token, then the end
     assert "".join(texts) == expected.text
     assert finishes == [""] * len(expected.ids[0]) + [expected.finish_reasons[0]]
+
+
+def test_concurrent_streams_are_decoded_together(server: tuple[str, Batcher]) -> None:
+    """CONCURRENT clients stream at once from one model instance: each gets the text of its
+    prompt generated alone, and the batcher ran them in one batch."""
+    url, batcher = server
+    reference: Generator = load_generator(BATCHED)
+    prompts = ["Once upon a time", "The cat", "In a land far away there", "Hello"]
+    lengths = [12, 20, 6, 16]
+    expected = [
+        reference.generate(p, max_new_tokens=n).text for p, n in zip(prompts, lengths, strict=True)
+    ]
+    got: list[Any] = [None] * CONCURRENT
+
+    def client(i: int) -> None:
+        settings = {"prompt": prompts[i], "max_new_tokens": lengths[i]}
+        got[i] = _stream(url, settings, "gen-batched")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CONCURRENT)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=2 * WAIT_S)
+    for responses in got:
+        assert responses is not None and not any(isinstance(r, Exception) for r in responses)
+    texts = ["".join(r.as_numpy("text")[0].decode() for r in rs) for rs in got]
+    assert texts == expected
+    assert batcher.largest_batch == CONCURRENT
 
 
 def test_a_bad_setting_is_the_requests_error(grpc_url: str) -> None:
