@@ -161,6 +161,8 @@ class Batcher:
         """Batched decode steps run so far (each a single evaluation for every active row)."""
         self.largest_batch = 0
         """The most rows one step has run."""
+        self.cancelled = 0
+        """Requests that ended because their reader went away."""
         self._pending: queue.Queue[_Request | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -248,6 +250,7 @@ class Batcher:
         to join the batch, or None when it ended already (or failed, or was cancelled)."""
         if req.cancelled:
             req.finish = "cancelled"
+            self.cancelled += 1
             req.done()
             return None
         try:
@@ -287,6 +290,7 @@ class Batcher:
             tokens[i] = tok
             if r.cancelled and r.finish is None:
                 r.finish = "cancelled"
+                self.cancelled += 1
             event = r.take(tok)
             r.decode_s += dt
             if event is not None:

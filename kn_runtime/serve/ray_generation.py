@@ -82,7 +82,8 @@ class GenerationDeployment:
         from kn_runtime.serve import generation
 
         try:
-            batched = {"steps": self.batcher.steps, "largest_batch": self.batcher.largest_batch}
+            b = self.batcher
+            batched = {"steps": b.steps, "largest_batch": b.largest_batch, "cancelled": b.cancelled}
             early = _not_a_post(request, self._metadata | {"served": self._served | batched})
             if early is not None:
                 return early

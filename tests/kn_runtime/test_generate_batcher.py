@@ -189,6 +189,7 @@ def test_a_reader_that_goes_away_cancels_its_row() -> None:
     rest = list(dropped)  # what it made before it left, then its end
     assert dropped.result is not None and dropped.result.finish_reasons == ("cancelled",)
     assert 3 + len(rest) == len(dropped.result.ids[0]) < 500
+    assert b.cancelled == 1
     b.close()
 
 

@@ -4,7 +4,11 @@ check (both inputs `[batch, width]`, width symbolic), the reference answers."""
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +37,46 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def cli_command(module: str, *args: str) -> list[str]:
+    """`python -m module args` that dumps every thread's stack on SIGUSR1 (`stop_by_ctrl_c`
+    sends it when Ctrl-C does not stop the process)."""
+    boot = (
+        "import faulthandler, runpy, signal, sys; "
+        "faulthandler.register(signal.SIGUSR1, all_threads=True); "
+        f"sys.argv[0] = {module!r}; runpy.run_module({module!r}, run_name='__main__')"
+    )
+    return [sys.executable, "-c", boot, *args]
+
+
+def _signals(pid: int) -> str:
+    """The process's state and signal masks (/proc), for a failure message."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as e:
+        return f"(no /proc status: {e})"
+    keep = ("State", "Threads", "SigBlk", "SigIgn", "SigCgt", "SigPnd", "ShdPnd")
+    return "; ".join(line.replace("\t", " ") for line in lines if line.startswith(keep))
+
+
+def stop_by_ctrl_c(proc: subprocess.Popen, timeout: float, output: Callable[[], str]) -> int:  # type: ignore[type-arg]
+    """Send SIGINT and return the exit status; a process still running after `timeout` fails
+    the test with its signal state, its threads' stacks (SIGUSR1: `cli_command`) and the end of
+    its `output()`, then is killed."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        state = _signals(proc.pid)
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        proc.wait()
+        raise AssertionError(
+            f"still running {timeout:g} s after Ctrl-C; {state}; parent: {_signals(os.getpid())}"
+            f"\n{output()[-12000:]}"
+        ) from None
 
 
 def add_model(path: Path) -> Path:

@@ -33,7 +33,7 @@ from kn_graph.errors import ArgumentValueError, KnError
 from kn_graph.onnx import load_onnx
 from kn_runtime import Device
 from kn_runtime.serve.ray_serve import RayServeUnavailableError, deployment
-from tests.kn_runtime.serve.support import free_ports
+from tests.kn_runtime.serve.support import cli_command, free_ports, stop_by_ctrl_c
 
 try:
     import ray
@@ -319,7 +319,7 @@ def test_kn_serve_cli_serves_until_ctrl_c(
 
     env["KN_KERNEL_CACHE"] = str(cache_dir())
     env["HOME"] = str(tmp_path)
-    cmd = [sys.executable, "-m", "kn_runtime.serve.cli", str(MODEL), "--engine", "ray"]
+    cmd = cli_command("kn_runtime.serve.cli", str(MODEL), "--engine", "ray")
     cmd += ["--port", str(port), "--max-batch-size", "4"]
     log = tmp_path / "kn-serve.log"
     with log.open("wb") as out:
@@ -342,8 +342,8 @@ def test_kn_serve_cli_serves_until_ctrl_c(
         status, doc = _post_json(f"http://127.0.0.1:{port}/", x)
         assert status == 200, doc
         np.testing.assert_allclose(_logits(doc), reference(x), rtol=1e-5, atol=1e-5)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=START_TIMEOUT_S) == 130, log.read_text()[-3000:]
+        code = stop_by_ctrl_c(proc, START_TIMEOUT_S, log.read_text)
+        assert code == 130, log.read_text()[-3000:]
         assert "kn-serve: stopped" in log.read_text()
         _wait("Ray's processes to exit", lambda: all(_gone(p) for p in started), 30)
     finally:
