@@ -40,10 +40,16 @@ def free_ports(n: int) -> list[int]:
 
 
 def cli_command(module: str, *args: str) -> list[str]:
-    """`python -m module args` that dumps every thread's stack on SIGUSR1 (`stop_by_ctrl_c`
-    sends it when Ctrl-C does not stop the process)."""
+    """`python -m module args` that takes Ctrl-C as a terminal's user does and dumps every
+    thread's stack on SIGUSR1 (`stop_by_ctrl_c` sends it when Ctrl-C does not stop the process).
+
+    SIGINT is given back Python's handler: a test run started in the background of a
+    non-interactive shell (`cmd &`, as a CI script may) ignores SIGINT, children inherit that,
+    and Python leaves an ignored SIGINT ignored — the server then never saw the test's Ctrl-C
+    (found by this function's /proc report: SigIgn had bit 2 set in pytest and the server)."""
     boot = (
         "import faulthandler, runpy, signal, sys; "
+        "signal.signal(signal.SIGINT, signal.default_int_handler); "
         "faulthandler.register(signal.SIGUSR1, all_threads=True); "
         f"sys.argv[0] = {module!r}; runpy.run_module({module!r}, run_name='__main__')"
     )

@@ -185,9 +185,9 @@ def test_kn_serve_generate_on_triton_streams_the_tokens(tmp_path: Path) -> None:
     log = tmp_path / "kn-serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    client = th.InferenceServerClient(f"localhost:{http_port}")
     try:
         deadline = time.monotonic() + 120
-        client = th.InferenceServerClient(f"localhost:{http_port}")
         while True:
             assert proc.poll() is None, log.read_text()[-3000:]
             try:
@@ -205,5 +205,7 @@ def test_kn_serve_generate_on_triton_streams_the_tokens(tmp_path: Path) -> None:
         assert not any(isinstance(r, Exception) for r in responses), responses
         assert "".join(r.as_numpy("text")[0].decode() for r in responses) == expected.text
     finally:
+        # Triton waits out its exit timeout (30 s) for every HTTP connection still open
+        client.close()
         code = stop_by_ctrl_c(proc, 60, log.read_text)
     assert code in (0, 130), log.read_text()[-3000:]
