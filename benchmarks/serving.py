@@ -3,15 +3,17 @@ replica gains; Kyanite and onnxruntime behind the same server code (`kn_runtime.
 side in one run.
 
     .venv/bin/python benchmarks/serving.py [--cache /work/bigmodels] [--seconds 8] [-k resnet50]
-        [--engine ray|triton]
+        [--engine ray|triton] [--ingress proxy|haproxy]
 
 Models: ResNet-50 (`.npy` bodies of one 224x224 image) and BERT-base (`.npz` bodies, one sequence
 of 128 tokens) with random weights and a dynamic batch axis, exported once into the cache by
 benchmarks/_serving_models.py under a venv with torch (`--torch-python`, default
 /work/venv-fx/bin/python). Per model and runtime:
-- `direct`: `BatchedModel.run` in this process, 1 thread: p50/p99 of one request;
-- `http c=1`: one client, one replica of 1 thread, through Serve's HTTP proxy: p50/p99; the
-  overhead is its p50 minus direct's;
+- `direct`: `BatchedModel.run` in this process, 1 thread: p50/p99 of one request, its calls
+  taking turns with the `http c=1` requests;
+- `http c=1`: one client, one replica of 1 thread, through Serve's HTTP proxy (`--ingress
+  haproxy`: HAProxy to replicas that serve HTTP themselves): p50/p99; the overhead is its p50
+  minus direct's;
 - `c=16 batched` / `c=16 unbatched`: 16 clients, one replica of 1 thread, `max_batch_size` 16
   (5 ms wait) or 1: requests/s;
 - `c=16 2 replicas`: 16 clients, two replicas of 1 thread each, batched: requests/s.
@@ -66,16 +68,41 @@ def _post(conn: http.client.HTTPConnection, body: bytes, ctype: str) -> float:
     return time.perf_counter() - t
 
 
-def _latency(body: bytes, ctype: str, seconds: float) -> list[float]:
+def _ready(body: bytes, ctype: str, timeout: float = 60.0) -> None:
+    """Wait until the application answers 200 (HAProxy takes the replicas up a moment after
+    `serve.run` returns: 503 meanwhile)."""
+    end = time.monotonic() + timeout
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+        try:
+            _post(conn, body, ctype)
+            return
+        except (OSError, RuntimeError):
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.2)
+        finally:
+            conn.close()
+
+
+def _latency(
+    body: bytes, ctype: str, seconds: float, direct: object, inputs: dict[str, np.ndarray]
+) -> tuple[list[float], list[float]]:
+    """Seconds per request over HTTP and per direct `run` in this process, taking turns (the
+    VM's speed drifts between runs minutes apart; the overhead is measured in one window)."""
     conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=120)
     for _ in range(3):
         _post(conn, body, ctype)
     times: list[float] = []
+    direct_times: list[float] = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or len(times) < 20:
         times.append(_post(conn, body, ctype))
+        t = time.perf_counter()
+        direct.run(inputs)  # type: ignore[attr-defined]
+        direct_times.append(time.perf_counter() - t)
     conn.close()
-    return times
+    return times, direct_times
 
 
 def _throughput(body: bytes, ctype: str, seconds: float, clients: int = 16) -> float:
@@ -188,6 +215,9 @@ def main() -> None:
     ap.add_argument("--engine", choices=["ray", "triton"], default="ray")
     ap.add_argument("--runtime", action="append", choices=["kyanite", "onnxruntime"])
     ap.add_argument("--batch-wait-ms", type=float, default=0.0, help="@serve.batch's wait")
+    ap.add_argument(
+        "--ingress", choices=["proxy", "haproxy"], default="proxy", help="how HTTP reaches Serve"
+    )
     args = ap.parse_args()
     if not all((args.cache / f).exists() for f in MODELS.values()):
         print("exporting the models ...", flush=True)
@@ -208,8 +238,9 @@ def main() -> None:
     from ray import serve
 
     from kn_runtime.serve import load_model
-    from kn_runtime.serve.ray_serve import deployment
+    from kn_runtime.serve.ray_serve import deployment, use_ingress
 
+    use_ingress(args.ingress)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     rows = []
@@ -222,14 +253,6 @@ def main() -> None:
                 direct = load_model(path, threads=1, runtime=runtime)
                 for _ in range(3):
                     direct.run(inputs)
-                times = []
-                end = time.perf_counter() + args.seconds
-                while time.perf_counter() < end or len(times) < 20:
-                    t = time.perf_counter()
-                    direct.run(inputs)
-                    times.append(time.perf_counter() - t)
-                row["direct p50"], row["direct p99"] = _pct(times, 50), _pct(times, 99)
-                del direct
                 for label, replicas, batch in (
                     ("c=1", 1, 16),
                     ("c=16 unbatched", 1, 1),
@@ -246,9 +269,13 @@ def main() -> None:
                         runtime=runtime,
                     )
                     serve.run(app, route_prefix="/", name="bench")
-                    if label == "c=1":
-                        times = _latency(body, ctype, args.seconds)
+                    _ready(body, ctype)
+                    if label == "c=1":  # direct calls and requests take turns: same conditions
+                        times, direct_times = _latency(body, ctype, args.seconds, direct, inputs)
                         row["http p50"], row["http p99"] = _pct(times, 50), _pct(times, 99)
+                        row["direct p50"] = _pct(direct_times, 50)
+                        row["direct p99"] = _pct(direct_times, 99)
+                        del direct
                     else:
                         row[label] = _throughput(body, ctype, args.seconds)
                     serve.delete("bench")
@@ -257,6 +284,7 @@ def main() -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
+    print(f"\ningress: {args.ingress}")
     print(
         "\n| model | runtime | direct p50/p99 ms | HTTP c=1 p50/p99 ms | overhead p50 ms "
         "| c=16 unbatched req/s | c=16 batched req/s | batching gain | 2 replicas req/s "

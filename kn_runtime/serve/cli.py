@@ -49,7 +49,19 @@ def build_parser() -> OneLineParser:
         "that arrive while it runs queue anyway)",
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
+    _ingress_argument(ap)
     return ap
+
+
+def _ingress_argument(ap: OneLineParser) -> None:
+    ap.add_argument(
+        "--ingress",
+        choices=["proxy", "haproxy"],
+        default="proxy",
+        help="Ray: how HTTP reaches the replicas: Serve's proxy actor, or HAProxy forwarding to "
+        "replicas that serve HTTP themselves (far less per request; with several nodes, "
+        "--host 0.0.0.0)",
+    )
 
 
 def build_export_parser() -> OneLineParser:
@@ -87,6 +99,7 @@ def build_generate_parser() -> OneLineParser:
     )
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads (1)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
+    _ingress_argument(ap)
     return ap
 
 
@@ -129,6 +142,7 @@ def run(argv: list[str]) -> None:
             address=gen.address,
             device=gen.device,
             host=gen.host,
+            ingress=gen.ingress,
         )
         return
     if argv and argv[0] == EXPORT:
@@ -167,6 +181,7 @@ def run(argv: list[str]) -> None:
             address=args.address,
             device=args.device,
             host=args.host,
+            ingress=args.ingress,
         )
     else:
         from kn_runtime.serve.triton import serve_forever as triton_forever

@@ -170,10 +170,11 @@ def serve_generation_forever(
     device: str = "cpu",
     host: str = "127.0.0.1",
     name: str = "kyanite-generate",
+    ingress: str = "proxy",
 ) -> None:
     """Generate text over HTTP on `host:port` until SIGTERM or Ctrl-C (`kn-serve generate
-    --engine ray`), with the cluster rules of `serve_forever`: POST a request to any path, GET
-    /metadata for the model."""
+    --engine ray`), with the cluster rules and the `ingress` of `serve_forever`: POST a request
+    to any path, GET /metadata for the model."""
     app = generation_deployment(folder, name=name, threads=threads, device=device)
     what = "the tiny LLM" if folder is None else str(folder)
-    _run_until_stopped(app, what, name=name, port=port, address=address, host=host)
+    _run_until_stopped(app, what, name=name, port=port, address=address, host=host, ingress=ingress)

