@@ -15,7 +15,7 @@ benchmarks/_serving_models.py under a venv with torch (`--torch-python`, default
   haproxy`: HAProxy to replicas that serve HTTP themselves): p50/p99; the overhead is its p50
   minus direct's;
 - `c=16 batched` / `c=16 unbatched`: 16 clients, one replica of 1 thread, `max_batch_size` 16
-  (5 ms wait) or 1: requests/s;
+  (no wait: `--batch-wait-ms`) or 1: requests/s, counted after `--seconds` of the same load;
 - `c=16 2 replicas`: 16 clients, two replicas of 1 thread each, batched: requests/s.
 `--engine triton`: PyTriton's Triton server over HTTP (tritonclient), c=1 latency and c=16
 requests/s with dynamic batching (max batch 16), per runtime; compare its c=1 p50 with the Ray
@@ -106,15 +106,22 @@ def _latency(
 
 
 def _throughput(body: bytes, ctype: str, seconds: float, clients: int = 16) -> float:
+    """Requests per second of `clients` concurrent clients over `seconds`, after as long a load
+    that is not counted: a batching replica meets a new batch size now and then for a while,
+    and the first evaluation at a size plans and compiles (BERT-base at 16 rows: 2.5 s once), a
+    cost a server pays once, not in its steady state."""
     done = [0] * clients
     start = threading.Barrier(clients + 1)
     stop = threading.Event()
     errors: list[BaseException] = []
+    warm_until = time.perf_counter() + seconds
 
     def client(i: int) -> None:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=300)
             _post(conn, body, ctype)  # warm: connection, replica, binding
+            while time.perf_counter() < warm_until:  # and the batch sizes the load makes
+                _post(conn, body, ctype)
             start.wait()
             while not stop.is_set():
                 _post(conn, body, ctype)

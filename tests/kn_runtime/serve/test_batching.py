@@ -79,6 +79,27 @@ def test_max_batch_size_splits_the_rows(alone) -> None:
         np.testing.assert_allclose(answer["logits"], alone.eval(request)[0], rtol=RTOL, atol=ATOL)
 
 
+def test_a_batching_model_keeps_an_executor_for_every_batch_size(alone) -> None:
+    """A server meets every batch size up to `max_batch_size`: once each has run (after the
+    largest, which sizes the shared arena), none pushes another's executor out, so nothing is
+    planned and compiled again; each size's answer is right."""
+    model = load_model(TINY, threads=2, max_batch_size=12)
+    rng = np.random.default_rng(4)
+    cache = model.prepared.cache
+    before = None
+    for sizes in ([12, *range(1, 13)], range(12, 0, -1)):
+        for rows in sizes:
+            request = _images(rng, rows)
+            (answer,) = model.run_batch([request])
+            np.testing.assert_allclose(
+                answer["logits"], alone.eval(request)[0], rtol=RTOL, atol=ATOL
+            )
+        if before is None:
+            before = (cache.built, cache.dropped)
+    assert (cache.built, cache.dropped) == before
+    assert len(cache) == 12
+
+
 def test_images_of_other_sizes_run_once_per_size() -> None:
     path = MODELS / "convnext_hw_dynamo.onnx"
     model = load_model(path, threads=2)
