@@ -54,9 +54,11 @@ def build_parser() -> OneLineParser:
 
 
 def _ingress_argument(ap: OneLineParser) -> None:
+    from kn_runtime.serve.ray_serve import INGRESS  # no Ray imported: it is loaded when used
+
     ap.add_argument(
         "--ingress",
-        choices=["proxy", "haproxy"],
+        choices=INGRESS,
         default="proxy",
         help="Ray: how HTTP reaches the replicas: Serve's proxy actor, or HAProxy forwarding to "
         "replicas that serve HTTP themselves (far less per request; with several nodes, "

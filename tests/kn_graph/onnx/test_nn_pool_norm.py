@@ -183,7 +183,7 @@ def test_mean_variance_normalization() -> None:
 
 def test_batch_norm_f16_input_with_f32_statistics() -> None:
     """Opset 15 lets the statistics be f32 under an f16 input; the result is computed in the
-    input's type (as the folds into a preceding convolution need), so each of its four f16
+    input's type (the loader casts the statistics to it), so each of its four f16
     operations may round by half an ulp of what it produced: the tolerance is that, from the
     data's own magnitudes (an earlier fixed 2e-3 failed on draws with larger intermediates)."""
     c = 3
