@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -117,13 +118,41 @@ def decode_request(
 
 
 def _load_npy(body: bytes) -> np.ndarray:
+    """The array of a `.npy` body as a read-only view of it, without a copy (`np.load` reads a
+    BytesIO in chunks and copies them: 0.7 ms for a 600 kB image on this project's CI VM,
+    against microseconds here). A header that is not 1.0 or 2.0 goes to `np.load`."""
+    fmt = np.lib.format
     try:
-        a = np.load(io.BytesIO(body), allow_pickle=False)
+        f = io.BytesIO(body)  # shares the bytes until written to
+        version = fmt.read_magic(f)
+        if version == (1, 0):
+            shape, fortran_order, dtype = fmt.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = fmt.read_array_header_2_0(f)
+        else:
+            a = np.load(io.BytesIO(body), allow_pickle=False)
+            if not isinstance(a, np.ndarray):
+                raise RequestError("body is not a single .npy array")
+            return a
+    except RequestError:
+        raise
     except Exception as exc:
         raise RequestError(f"body is not a readable .npy array: {exc}") from None
-    if not isinstance(a, np.ndarray):
-        raise RequestError("body is not a single .npy array")
-    return a
+    if dtype.hasobject:
+        raise RequestError(
+            f"body is not a readable .npy array: it holds Python objects ({dtype}), which a "
+            "server never unpickles"
+        )
+    count = math.prod(shape)
+    offset = f.tell()
+    if len(body) - offset != count * dtype.itemsize:
+        raise RequestError(
+            f"body is not a readable .npy array: {len(body) - offset} bytes of data, but its "
+            f"header says "
+            f"{list(shape)} {dtype}: {count * dtype.itemsize} bytes"
+        )
+    a = np.frombuffer(body, dtype, count, offset)
+    return a.reshape(shape[::-1]).transpose() if fortran_order else a.reshape(shape)
 
 
 def json_object(body: bytes, shape: str = "an object") -> dict[str, Any]:

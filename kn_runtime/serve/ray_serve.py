@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -139,12 +140,17 @@ class KyaniteDeployment:
 
     async def _run_batch(self, requests: list[Mapping[str, np.ndarray]]) -> list[Any]:
         """The `@serve.batch` body (wrapped in `__init__`): one evaluation for the queued
-        requests, off the event loop. Returns each request's outputs or its own exception."""
+        requests, off the event loop. Returns, for each request, its outputs or its own
+        exception, with when the evaluation started and how long it took (perf_counter
+        seconds, for the Server-Timing header)."""
         served = self._served
         served["requests"] += len(requests)
         served["batches"] += 1
         served["largest_batch"] = max(served["largest_batch"], len(requests))
-        return await asyncio.to_thread(self._evaluate, requests)
+        started = time.perf_counter()
+        results = await asyncio.to_thread(self._evaluate, requests)
+        took = time.perf_counter() - started
+        return [(result, started, took) for result in results]
 
     def _evaluate(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[Any]:
         """`run_batch` with each failure in its request's place: a request that fails (its
@@ -154,10 +160,14 @@ class KyaniteDeployment:
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> Outputs:
         """One request's outputs through the batch queue (also callable through a deployment
         handle, without HTTP)."""
-        result = await self._batched(inputs)
+        return (await self._infer_timed(inputs))[0]
+
+    async def _infer_timed(self, inputs: Mapping[str, np.ndarray]) -> tuple[Outputs, float, float]:
+        """`infer`, with when its batch's evaluation started and how long it took."""
+        result, started, took = await self._batched(inputs)
         if isinstance(result, BaseException):
             raise result
-        return result
+        return result, started, took
 
     async def __call__(self, request: Request) -> Response:
         from starlette.responses import Response
@@ -166,21 +176,41 @@ class KyaniteDeployment:
             early = _not_a_post(request, self._metadata | {"served": self._served})
             if early is not None:
                 return early
+            arrived = time.perf_counter()
             _check_length(request, self.max_body_bytes)
             content_type = request.headers.get("content-type")
             body = await request.body()
+            read = time.perf_counter()
             inputs = codec.decode_request(body, content_type, self.model, self.max_body_bytes)
             # checked here, on its own: a bad request is answered before it joins a batch
-            outputs = await self.infer(self.model.check(inputs))
+            inputs = self.model.check(inputs)
+            decoded = time.perf_counter()
+            outputs, started, took = await self._infer_timed(inputs)
+            evaluated = time.perf_counter()
             payload, media_type = codec.encode_response(
                 outputs, request.headers.get("accept"), content_type
             )
-            return Response(payload, media_type=media_type)
+            timing = _server_timing(
+                read=read - arrived,
+                decode=decoded - read,
+                queue=started - decoded,
+                eval=took,
+                encode=time.perf_counter() - evaluated,
+            )
+            return Response(payload, media_type=media_type, headers={"Server-Timing": timing})
         except Exception as exc:
             status, payload = codec.encode_error(exc)
             if status >= 500:
                 log.exception("request failed (%d)", status)
             return Response(payload, status_code=status, media_type="application/json")
+
+
+def _server_timing(**seconds: float) -> str:
+    """A W3C Server-Timing header value (`read;dur=0.12, eval;dur=85.3`, in milliseconds): what
+    the replica spent on a request, so a client can tell the HTTP path's cost (its latency
+    minus the sum) from the model's; browsers' developer tools show it. `eval` is the whole
+    batch's evaluation, shared by the requests batched with this one."""
+    return ", ".join(f"{name};dur={max(s, 0.0) * 1e3:.3f}" for name, s in seconds.items())
 
 
 def _app_path(request: Request) -> str:

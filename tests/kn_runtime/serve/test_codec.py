@@ -114,6 +114,39 @@ def test_a_pickled_npy_never_loads(one_input: BatchedModel) -> None:
         codec.decode_request(buf.getvalue(), "application/x-npy", one_input)
 
 
+@pytest.mark.parametrize(
+    "a",
+    [
+        np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+        np.asfortranarray(np.arange(24.0).reshape(4, 6)),
+        np.arange(6, dtype=">i4").reshape(3, 2),
+        np.float16(1.5) * np.ones((), np.float16),
+        np.zeros((0, 2), np.int64),
+    ],
+    ids=["c-order", "fortran-order", "big-endian", "scalar", "empty"],
+)
+def test_npy_bodies_read_as_np_load_reads_them(a: np.ndarray) -> None:
+    """The `.npy` reader views the body instead of copying it (np.load copies); what it reads
+    is what np.load reads, in every header form: both memory orders, a byte order that is not
+    the machine's, a 0-d and an empty array, and a version 2.0 header."""
+    for version in ((1, 0), (2, 0)):
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, a, version=version)
+        body = buf.getvalue()
+        got = codec._load_npy(body)
+        want = np.load(io.BytesIO(body))
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_npy_bodies_of_the_wrong_length_are_400() -> None:
+    body = _npy(np.arange(5, dtype=np.int64))
+    for bad, found in ((body[:-3], 37), (body + b"\0", 41)):
+        with pytest.raises(RequestError, match=f"{found} bytes of data.*\\[5\\] int64: 40") as e:
+            codec._load_npy(bad)
+        assert e.value.status == 400
+
+
 def test_responses_decode_back_bit_for_bit() -> None:
     rng = np.random.default_rng(0)
     outs = {"y": rng.standard_normal((2, 3)).astype(np.float32), "k": np.arange(4)}
