@@ -221,7 +221,7 @@ def main() -> None:
     ap.add_argument("-k", dest="only", action="append", choices=list(MODELS))
     ap.add_argument("--engine", choices=["ray", "triton"], default="ray")
     ap.add_argument("--runtime", action="append", choices=["kyanite", "onnxruntime"])
-    ap.add_argument("--batch-wait-ms", type=float, default=0.0, help="@serve.batch's wait")
+    ap.add_argument("--batch-wait-ms", type=float, default=0.0, help="batch_wait_timeout_s of the replicas")
     ap.add_argument(
         "--ingress", choices=["proxy", "haproxy"], default="proxy", help="how HTTP reaches Serve"
     )

@@ -1,12 +1,12 @@
 """The Ray Serve front end of `kn_runtime.serve` (`kn-serve --engine ray`): `deployment(...)`
 builds a Serve application whose replicas each hold one `BatchedModel` and batch concurrent
-HTTP requests with `@serve.batch`; `serve_forever(...)` runs it until Ctrl-C. Bodies are read
+HTTP requests in a `RequestQueue` (dynamic batching as Triton does it; `request_queue` says why
+not `@serve.batch`); `serve_forever(...)` runs it until Ctrl-C. Bodies are read
 and written by `codec`, as every HTTP front end does. Ray is imported only when these are
 called, so `import kn_runtime.serve` works without it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -22,6 +22,7 @@ import numpy as np
 
 from kn_graph.errors import ArgumentValueError, KnError
 from kn_runtime.serve import codec
+from kn_runtime.serve.request_queue import RequestQueue
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -79,9 +80,10 @@ def _serve() -> ModuleType:
 
 class KyaniteDeployment:
     """One Serve replica: a `BatchedModel` behind an HTTP handler. Requests are decoded on the
-    replica's event loop, queued by `@serve.batch` and evaluated together by
-    `BatchedModel.run_batch` in a worker thread, so the loop keeps accepting (and batching)
-    requests while a batch runs. Every failure is an HTTP answer (`codec.encode_error`: 400,
+    replica's event loop, queued in a `RequestQueue` and evaluated together by
+    `BatchedModel.run_batch` in a worker thread, one batch at a time, so the loop keeps
+    accepting (and batching) requests while a batch runs. Its answers carry a Server-Timing
+    header (read, decode, queue, eval, encode; milliseconds). Every failure is an HTTP answer (`codec.encode_error`: 400,
     413, 415 or 500), never a dropped connection.
 
     A plain class at module level (wrapped by `deployment()`), so that Ray pickles it by
@@ -100,7 +102,6 @@ class KyaniteDeployment:
     ) -> None:
         from kn_runtime.serve.loading import load_model
 
-        serve = _serve()
         self.model: BatchedModel = load_model(
             model_path,
             device=device,
@@ -112,10 +113,7 @@ class KyaniteDeployment:
         self.batch_wait_timeout_s = batch_wait_timeout_s
         # requests per batch; the model's own cap (the same number) bounds rows per evaluation
         self.max_batch_size = max_batch_size
-        # applied per instance: the batch queue belongs to this replica's model and settings
-        self._batched = serve.batch(
-            max_batch_size=self.max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s
-        )(self._run_batch)
+        self._queue = RequestQueue(self._evaluate, max_batch_size, batch_wait_timeout_s)
         self._metadata = self._describe(model_path)
         self._served = {"requests": 0, "batches": 0, "largest_batch": 0}
         log.info(
@@ -138,20 +136,6 @@ class KyaniteDeployment:
             "replica": _replica_info(),
         }
 
-    async def _run_batch(self, requests: list[Mapping[str, np.ndarray]]) -> list[Any]:
-        """The `@serve.batch` body (wrapped in `__init__`): one evaluation for the queued
-        requests, off the event loop. Returns, for each request, its outputs or its own
-        exception, with when the evaluation started and how long it took (perf_counter
-        seconds, for the Server-Timing header)."""
-        served = self._served
-        served["requests"] += len(requests)
-        served["batches"] += 1
-        served["largest_batch"] = max(served["largest_batch"], len(requests))
-        started = time.perf_counter()
-        results = await asyncio.to_thread(self._evaluate, requests)
-        took = time.perf_counter() - started
-        return [(result, started, took) for result in results]
-
     def _evaluate(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[Any]:
         """`run_batch` with each failure in its request's place: a request that fails (its
         check, or its group's evaluation) fails alone, not every request batched with it."""
@@ -160,20 +144,13 @@ class KyaniteDeployment:
     async def infer(self, inputs: Mapping[str, np.ndarray]) -> Outputs:
         """One request's outputs through the batch queue (also callable through a deployment
         handle, without HTTP)."""
-        return (await self._infer_timed(inputs))[0]
-
-    async def _infer_timed(self, inputs: Mapping[str, np.ndarray]) -> tuple[Outputs, float, float]:
-        """`infer`, with when its batch's evaluation started and how long it took."""
-        result, started, took = await self._batched(inputs)
-        if isinstance(result, BaseException):
-            raise result
-        return result, started, took
+        return await self._queue.submit(inputs)
 
     async def __call__(self, request: Request) -> Response:
         from starlette.responses import Response
 
         try:
-            early = _not_a_post(request, self._metadata | {"served": self._served})
+            early = _not_a_post(request, self._metadata | {"served": self._queue.served})
             if early is not None:
                 return early
             arrived = time.perf_counter()
@@ -185,7 +162,7 @@ class KyaniteDeployment:
             # checked here, on its own: a bad request is answered before it joins a batch
             inputs = self.model.check(inputs)
             decoded = time.perf_counter()
-            outputs, started, took = await self._infer_timed(inputs)
+            outputs, started, took = await self._queue.submit_timed(inputs)
             evaluated = time.perf_counter()
             payload, media_type = codec.encode_response(
                 outputs, request.headers.get("accept"), content_type

@@ -412,6 +412,30 @@ def test_json_and_npy_requests_match_cpu_eval(cluster: Cluster, reference: Calla
     np.testing.assert_allclose(y, reference(x), rtol=1e-5, atol=1e-5)
 
 
+def test_answers_say_where_the_replica_spent_its_time(cluster: Cluster) -> None:
+    """Server-Timing names the replica's five phases in milliseconds; together they cannot
+    exceed what the client waited, and the evaluation is a part of them."""
+    x = _images(2, 1)
+    parts = urllib.parse.urlsplit(f"{cluster.url}/kn/")
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=HTTP_TIMEOUT_S)
+    try:
+        start = time.perf_counter()
+        conn.request("POST", parts.path, _npy(x), {"Content-Type": NPY})
+        r = conn.getresponse()
+        r.read()
+        waited_ms = (time.perf_counter() - start) * 1e3
+    finally:
+        conn.close()
+    assert r.status == 200
+    phases = {}
+    for item in r.headers["Server-Timing"].split(","):
+        name, dur = item.strip().split(";dur=")
+        phases[name] = float(dur)
+    assert list(phases) == ["read", "decode", "queue", "eval", "encode"]
+    assert all(ms >= 0 for ms in phases.values()) and phases["eval"] > 0
+    assert sum(phases.values()) <= waited_ms
+
+
 def test_concurrent_requests_get_their_own_results(cluster: Cluster, reference: Callable) -> None:
     inputs = [_images(10 + i, 1 + i % 3) for i in range(8)]
     results: list[Any] = [None] * len(inputs)
