@@ -5,6 +5,7 @@ side in one run.
     .venv/bin/python benchmarks/serving.py [--cache /work/bigmodels] [--seconds 8] [-k resnet50]
         [--engine ray|triton] [--ingress proxy|haproxy]
 
+Replicas plan every batch size when they start (`--no-warmup`: they plan as sizes come).
 Models: ResNet-50 (`.npy` bodies of one 224x224 image) and BERT-base (`.npz` bodies, one sequence
 of 128 tokens) with random weights and a dynamic batch axis, exported once into the cache by
 benchmarks/_serving_models.py under a venv with torch (`--torch-python`, default
@@ -13,9 +14,12 @@ benchmarks/_serving_models.py under a venv with torch (`--torch-python`, default
   taking turns with the `http c=1` requests;
 - `http c=1`: one client, one replica of 1 thread, through Serve's HTTP proxy (`--ingress
   haproxy`: HAProxy to replicas that serve HTTP themselves): p50/p99; the overhead is its p50
-  minus direct's;
+  minus direct's, split by the replica's Server-Timing into `outside` (client, proxy, the
+  server's HTTP parsing: latency minus the handler's phases) and `handler` (its read, decode,
+  queue and encode: the phases besides the evaluation);
 - `c=16 batched` / `c=16 unbatched`: 16 clients, one replica of 1 thread, `max_batch_size` 16
-  (no wait: `--batch-wait-ms`) or 1: requests/s, counted after `--seconds` of the same load;
+  (no wait: `--batch-wait-ms`) or 1: requests/s, counted after `--seconds` of the same load,
+  and the batched replica's mean requests per evaluation (`rows`, from GET /metadata);
 - `c=16 2 replicas`: 16 clients, two replicas of 1 thread each, batched: requests/s.
 `--engine triton`: PyTriton's Triton server over HTTP (tritonclient), c=1 latency and c=16
 requests/s with dynamic batching (max batch 16), per runtime; compare its c=1 p50 with the Ray
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import io
+import json
 import statistics
 import subprocess
 import sys
@@ -59,13 +64,36 @@ def _body(name: str) -> tuple[bytes, str, dict[str, np.ndarray]]:
 
 
 def _post(conn: http.client.HTTPConnection, body: bytes, ctype: str) -> float:
+    return _post_timed(conn, body, ctype)[0]
+
+
+def _post_timed(
+    conn: http.client.HTTPConnection, body: bytes, ctype: str
+) -> tuple[float, dict[str, float]]:
+    """Seconds to the answer, and the replica's Server-Timing phases (seconds)."""
     t = time.perf_counter()
     conn.request("POST", "/", body, {"Content-Type": ctype})
     r = conn.getresponse()
     data = r.read()
+    took = time.perf_counter() - t
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
-    return time.perf_counter() - t
+    phases = {}
+    for item in (r.getheader("Server-Timing") or "").split(","):
+        if ";dur=" in item:
+            name, ms = item.strip().split(";dur=")
+            phases[name] = float(ms) / 1e3
+    return took, phases
+
+
+def _served() -> dict[str, int]:
+    """The replica's counts (GET /metadata: requests, batches, largest batch)."""
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+    try:
+        conn.request("GET", "/metadata")
+        return json.loads(conn.getresponse().read())["served"]
+    finally:
+        conn.close()
 
 
 def _ready(body: bytes, ctype: str, timeout: float = 60.0) -> None:
@@ -87,22 +115,30 @@ def _ready(body: bytes, ctype: str, timeout: float = 60.0) -> None:
 
 def _latency(
     body: bytes, ctype: str, seconds: float, direct: object, inputs: dict[str, np.ndarray]
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float], list[float]]:
     """Seconds per request over HTTP and per direct `run` in this process, taking turns (the
-    VM's speed drifts between runs minutes apart; the overhead is measured in one window)."""
+    VM's speed drifts between runs minutes apart; the overhead is measured in one window); and
+    per request, from its Server-Timing: the time outside the replica's handler (client,
+    proxy, connection, the server's HTTP parsing) and the handler's own time besides the
+    evaluation (read, decode, queue, encode)."""
     conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=120)
     for _ in range(3):
         _post(conn, body, ctype)
     times: list[float] = []
     direct_times: list[float] = []
+    outside: list[float] = []
+    handler: list[float] = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or len(times) < 20:
-        times.append(_post(conn, body, ctype))
+        took, phases = _post_timed(conn, body, ctype)
+        times.append(took)
+        outside.append(took - sum(phases.values()))
+        handler.append(sum(phases.values()) - phases.get("eval", 0.0))
         t = time.perf_counter()
         direct.run(inputs)  # type: ignore[attr-defined]
         direct_times.append(time.perf_counter() - t)
     conn.close()
-    return times, direct_times
+    return times, direct_times, outside, handler
 
 
 def _throughput(body: bytes, ctype: str, seconds: float, clients: int = 16) -> float:
@@ -221,9 +257,17 @@ def main() -> None:
     ap.add_argument("-k", dest="only", action="append", choices=list(MODELS))
     ap.add_argument("--engine", choices=["ray", "triton"], default="ray")
     ap.add_argument("--runtime", action="append", choices=["kyanite", "onnxruntime"])
-    ap.add_argument("--batch-wait-ms", type=float, default=0.0, help="batch_wait_timeout_s of the replicas")
+    ap.add_argument(
+        "--batch-wait-ms", type=float, default=0.0, help="batch_wait_timeout_s of the replicas"
+    )
     ap.add_argument(
         "--ingress", choices=["proxy", "haproxy"], default="proxy", help="how HTTP reaches Serve"
+    )
+    ap.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replicas plan every batch size when they start (default on)",
     )
     args = ap.parse_args()
     if not all((args.cache / f).exists() for f in MODELS.values()):
@@ -274,35 +318,47 @@ def main() -> None:
                         max_batch_size=batch,
                         batch_wait_timeout_s=args.batch_wait_ms / 1000,
                         runtime=runtime,
+                        warmup=args.warmup and ({"seq": 128} if name == "bert_base" else True),
                     )
                     serve.run(app, route_prefix="/", name="bench")
                     _ready(body, ctype)
                     if label == "c=1":  # direct calls and requests take turns: same conditions
-                        times, direct_times = _latency(body, ctype, args.seconds, direct, inputs)
+                        times, direct_times, outside, handler = _latency(
+                            body, ctype, args.seconds, direct, inputs
+                        )
                         row["http p50"], row["http p99"] = _pct(times, 50), _pct(times, 99)
                         row["direct p50"] = _pct(direct_times, 50)
                         row["direct p99"] = _pct(direct_times, 99)
+                        row["outside"], row["handler"] = _pct(outside, 50), _pct(handler, 50)
                         del direct
                     else:
+                        before = _served()
                         row[label] = _throughput(body, ctype, args.seconds)
+                        if replicas == 1:  # /metadata answers from the one replica
+                            after = _served()
+                            row[label + " rows"] = (after["requests"] - before["requests"]) / max(
+                                1, after["batches"] - before["batches"]
+                            )
                     serve.delete("bench")
                     print(f"{name} {runtime} {label} done", file=sys.stderr, flush=True)
                 rows.append((name, runtime, row))
     finally:
         serve.shutdown()
         ray.shutdown()
-    print(f"\ningress: {args.ingress}")
+    print(f"\ningress: {args.ingress}, warm-up: {args.warmup}")
     print(
         "\n| model | runtime | direct p50/p99 ms | HTTP c=1 p50/p99 ms | overhead p50 ms "
-        "| c=16 unbatched req/s | c=16 batched req/s | batching gain | 2 replicas req/s "
-        "| replica gain |"
+        "| outside / handler p50 ms | c=16 unbatched req/s | c=16 batched req/s (rows) "
+        "| batching gain | 2 replicas req/s | replica gain |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, runtime, r in rows:
         print(
             f"| {name} | {runtime} | {r['direct p50']:.1f} / {r['direct p99']:.1f} "
             f"| {r['http p50']:.1f} / {r['http p99']:.1f} | {r['http p50'] - r['direct p50']:.1f} "
+            f"| {r['outside']:.2f} / {r['handler']:.2f} "
             f"| {r['c=16 unbatched']:.1f} | {r['c=16 batched']:.1f} "
+            f"({r['c=16 batched rows']:.1f}) "
             f"| {r['c=16 batched'] / r['c=16 unbatched']:.2f}x | {r['c=16 2 replicas']:.1f} "
             f"| {r['c=16 2 replicas'] / r['c=16 batched']:.2f}x |"
         )

@@ -150,6 +150,17 @@ class PreparedGraph:
         allocated once, or again after it went stale or was evicted)."""
         return self._executor(self.graph, bindings)
 
+    def warm(self, bindings: Mapping[str, int]) -> bool:
+        """Plan, compile and allocate the evaluation at these symbol values now, so that the first
+        call at them costs what every other one does (a server's warm-up). False when there is
+        nothing to do per binding: the backend planned once for every size, or the graph runs in
+        segments or per input value (those plan as they meet sizes)."""
+        if self._specializing is not None or self._direct is not None or self._runner is not None:
+            return False
+        with self._lock:
+            self.executor(bindings)
+        return True
+
     def _executor(self, graph: Graph, bindings: Mapping[str, int]) -> Executor:
         from kn_cuda_eval.planning.cache import binding_key
 

@@ -58,6 +58,8 @@ class Prepared(Protocol):
 
     def eval(self, inputs: Mapping[str, np.ndarray]) -> list[Any]: ...
 
+    def warm(self, bindings: Mapping[str, int]) -> bool: ...
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -110,6 +112,7 @@ class BatchedModel:
         self._pad: str | None = None  # the sequence symbol ragged requests are padded along
         self._seq_axes: dict[str, tuple[int, ...]] = {}  # output name -> axes that are `S`
         self._padded_inputs: frozenset[str] = frozenset()  # inputs with `S` as axis 1
+        self._batch = None
         specializing = getattr(prepared, "_specializing", None)
         if specializing is not None:  # shapes decided by input values: no one graph
             self.inputs, self.outputs = _onnx_specs(specializing.model.model)
@@ -122,6 +125,7 @@ class BatchedModel:
         if isinstance(batch, str) or batch is None:
             self.why_not = batch or "the graph has no inputs"
             batch = None
+        self._batch: Size | None = batch
         self.inputs = _specs(graph, graph.inputs, graph.input_names, batch)
         self.outputs = _specs(graph, graph.outputs, graph.output_names, batch)
         if batch is not None:
@@ -155,6 +159,41 @@ class BatchedModel:
             "pads_sequences": self._pad is not None,
             "max_batch_size": self.max_batch_size,
         }
+
+    def warm_up(self, sizes: Mapping[str, int] | None = None) -> int:
+        """Plan and compile the evaluation of every batch size from `max_batch_size` down to 1
+        before a request meets it, as Triton's model warm-up does: otherwise the first batch of
+        each size pays it (ResNet-50 about 0.5 s, BERT-base at 16 rows 2.5 s, on 1 thread).
+        `sizes` gives the model's other symbolic sizes by name (a sequence length: `{"S": 128}`;
+        other lengths still plan when they come). Largest first, so the arena is sized once and
+        the smaller sizes fit in it. Returns how many sizes were planned: 0 for another runtime,
+        a model that does not batch or has no `max_batch_size`, and a graph that plans once or
+        as it runs (segments). ArgumentValueError names a symbol left without a size."""
+        if self._evaluate is not None or self._batch is None or not self.max_batch_size:
+            return 0
+        graph = self.prepared.graph
+        batch = self._batch.symbol
+        symbols = set().union(*(graph[v].shape.symbols for v in graph.inputs)) - {batch}
+        given = dict(sizes or {})
+        missing = sorted(symbols - set(given))
+        if missing:
+            raise ArgumentValueError(
+                f"warm-up needs a size for {', '.join(missing)} (the inputs "
+                f"{', '.join(f'{s.name} {_shape_text(s.shape)}' for s in self.inputs)}): "
+                f"give them as sizes, e.g. {{{missing[0]!r}: 128}}"
+            )
+        unknown = sorted(set(given) - symbols)
+        if unknown:
+            raise ArgumentValueError(
+                f"warm-up sizes name {', '.join(unknown)}, which no input has; the model's "
+                f"symbols besides the batch size {batch}: {sorted(symbols) or 'none'}"
+            )
+        planned = 0
+        for rows in range(self.max_batch_size, 0, -1):
+            if not self.prepared.warm({batch: rows, **given}):
+                return 0
+            planned += 1
+        return planned
 
     # -- requests ------------------------------------------------------------------------------
 

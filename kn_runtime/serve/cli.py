@@ -49,8 +49,31 @@ def build_parser() -> OneLineParser:
         "that arrive while it runs queue anyway)",
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
+    ap.add_argument(
+        "--warmup",
+        nargs="*",
+        metavar="SYMBOL=SIZE",
+        default=None,
+        help="plan every batch size before serving; a model with other symbolic sizes names "
+        "them (--warmup seq=128)",
+    )
     _ingress_argument(ap)
     return ap
+
+
+def _warmup(values: list[str] | None) -> bool | dict[str, int]:
+    """`--warmup` -> True, `--warmup seq=128` -> {"seq": 128}, no flag -> False."""
+    if values is None:
+        return False
+    if not values:
+        return True
+    sizes = {}
+    for item in values:
+        name, _, size = item.partition("=")
+        if not name or not size.isdigit() or int(size) < 1:
+            raise CliError(f"--warmup: expected SYMBOL=SIZE with a positive size, found {item!r}")
+        sizes[name] = int(size)
+    return sizes
 
 
 def _ingress_argument(ap: OneLineParser) -> None:
@@ -101,8 +124,31 @@ def build_generate_parser() -> OneLineParser:
     )
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads (1)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
+    ap.add_argument(
+        "--warmup",
+        nargs="*",
+        metavar="SYMBOL=SIZE",
+        default=None,
+        help="plan every batch size before serving; a model with other symbolic sizes names "
+        "them (--warmup seq=128)",
+    )
     _ingress_argument(ap)
     return ap
+
+
+def _warmup(values: list[str] | None) -> bool | dict[str, int]:
+    """`--warmup` -> True, `--warmup seq=128` -> {"seq": 128}, no flag -> False."""
+    if values is None:
+        return False
+    if not values:
+        return True
+    sizes = {}
+    for item in values:
+        name, _, size = item.partition("=")
+        if not name or not size.isdigit() or int(size) < 1:
+            raise CliError(f"--warmup: expected SYMBOL=SIZE with a positive size, found {item!r}")
+        sizes[name] = int(size)
+    return sizes
 
 
 def _positive(value: int, flag: str) -> None:
@@ -170,6 +216,7 @@ def run(argv: list[str]) -> None:
     if not args.model.is_file():
         raise CliError(f"model: '{args.model}' is not a file")
     wait_s = args.batch_wait_ms / 1000
+    warmup = _warmup(args.warmup)
     if args.engine == "ray":
         from kn_runtime.serve.ray_serve import serve_forever
 
@@ -184,6 +231,7 @@ def run(argv: list[str]) -> None:
             device=args.device,
             host=args.host,
             ingress=args.ingress,
+            warmup=warmup,
         )
     else:
         from kn_runtime.serve.triton import serve_forever as triton_forever
@@ -196,6 +244,7 @@ def run(argv: list[str]) -> None:
             max_batch_size=args.max_batch_size,
             max_queue_delay_us=int(args.batch_wait_ms * 1000),
             device=args.device,
+            warmup=warmup,
         )
 
 

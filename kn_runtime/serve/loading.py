@@ -4,8 +4,10 @@ server code)."""
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["load_model", "resolve_device"]
 
+log = logging.getLogger(__name__)
+
 
 def load_model(
     path: str | os.PathLike[str],
@@ -26,11 +30,14 @@ def load_model(
     threads: int | None = None,
     max_batch_size: int | None = None,
     runtime: str = "kyanite",
+    warmup: bool | Mapping[str, int] = False,
 ) -> BatchedModel:
     """An ONNX file prepared for serving: `device` "cpu" (the CPU backend with `threads`
     intra-op threads), "cuda" / "cuda:N", or "best" (a GPU when one works). `runtime=
     "onnxruntime"` puts an onnxruntime session (CPU, `threads` intra-op threads) behind the same
-    checks and batching: the peer, measured through the same server code."""
+    checks and batching: the peer, measured through the same server code. `warmup` (True, or
+    the sizes of the model's other symbols, `{"seq": 128}`) plans every batch size up to
+    `max_batch_size` before this returns (`BatchedModel.warm_up`)."""
     from kn_graph.onnx import load_onnx
     from kn_runtime.device import Device
 
@@ -45,10 +52,16 @@ def load_model(
         raise ArgumentValueError(f"runtime: expected kyanite or onnxruntime, found {runtime!r}")
     dev = resolve_device(device, threads)
     graph = load_onnx(os.fspath(path))
-    return BatchedModel(
+    model = BatchedModel(
         dev.prepare(graph, max_bindings=_bindings_kept(dev, max_batch_size)),
         max_batch_size=max_batch_size,
     )
+    if warmup is not False:
+        start = time.perf_counter()
+        sizes = None if warmup is True else warmup
+        planned = model.warm_up(sizes)
+        log.info("%s: %d batch sizes planned in %.1f s", path, planned, time.perf_counter() - start)
+    return model
 
 
 def _bindings_kept(dev: Device, max_batch_size: int | None) -> int | None:

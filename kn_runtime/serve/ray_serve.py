@@ -99,6 +99,7 @@ class KyaniteDeployment:
         device: str = "cpu",
         max_body_bytes: int = codec.MAX_BODY_BYTES,
         runtime: str = "kyanite",
+        warmup: bool | Mapping[str, int] = False,
     ) -> None:
         from kn_runtime.serve.loading import load_model
 
@@ -108,6 +109,7 @@ class KyaniteDeployment:
             threads=threads,
             max_batch_size=max_batch_size,
             runtime=runtime,
+            warmup=warmup,
         )
         self.max_body_bytes = max_body_bytes
         self.batch_wait_timeout_s = batch_wait_timeout_s
@@ -281,6 +283,7 @@ def deployment(
     max_body_bytes: int = codec.MAX_BODY_BYTES,
     deployment_options: Mapping[str, Any] | None = None,
     runtime: str = "kyanite",
+    warmup: bool | Mapping[str, int] = False,
 ) -> Application:
     """A bound Serve application serving the model: pass it to `serve.run(app, ...)`.
 
@@ -293,7 +296,9 @@ def deployment(
     default of 5 would cap every batch at 5). `deployment_options`: further `serve.deployment`
     options, which win over these (`autoscaling_config`, `max_replicas_per_node`,
     `health_check_period_s`, `max_ongoing_requests`, ...). `runtime="onnxruntime"` serves the
-    model with onnxruntime behind the same code (`load_model`; the serving benchmark's peer)."""
+    model with onnxruntime behind the same code (`load_model`; the serving benchmark's peer).
+    `warmup`: each replica plans every batch size before it takes requests (True, or the sizes
+    of the model's other symbols: `{"seq": 128}`; `BatchedModel.warm_up`)."""
     serve = _serve()
     if num_replicas < 1:
         raise ArgumentValueError(f"num_replicas must be at least 1, found {num_replicas}")
@@ -324,6 +329,7 @@ def deployment(
         device=device,
         max_body_bytes=max_body_bytes,
         runtime=runtime,
+        warmup=warmup,
     )
 
 
@@ -370,6 +376,7 @@ def serve_forever(
     host: str = "127.0.0.1",
     name: str = "kyanite",
     ingress: str = "proxy",
+    warmup: bool | Mapping[str, int] = False,
 ) -> None:
     """Serve the model over HTTP on `host:port` until SIGTERM (returns) or Ctrl-C
     (KeyboardInterrupt), then take it down (`kn-serve --engine ray`): POST a request to any
@@ -380,7 +387,7 @@ def serve_forever(
     wins), else starts a local Ray for this process. On a cluster where Serve already runs,
     the application joins it (on its HTTP port, whatever `port` says) and only the
     application is deleted at the end; a Serve started here is shut down. `ingress`: how HTTP
-    reaches the replicas (`INGRESS`; `use_ingress`)."""
+    reaches the replicas (`INGRESS`; `use_ingress`). `warmup`: as `deployment`'s."""
     app = deployment(
         model_path,
         name=name,
@@ -389,6 +396,7 @@ def serve_forever(
         max_batch_size=max_batch_size,
         batch_wait_timeout_s=batch_wait_timeout_s,
         device=device,
+        warmup=warmup,
     )
     _run_until_stopped(
         app, str(model_path), name=name, port=port, address=address, host=host, ingress=ingress

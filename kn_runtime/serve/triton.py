@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -325,12 +325,20 @@ def serve_forever(
     device: str = "cpu",
     name: str = "kyanite",
     stub_env: str | os.PathLike[str] | None = None,
+    warmup: bool | Mapping[str, int] = False,
 ) -> None:
-    """`kn-serve model.onnx --engine triton`: load the model, start the server, bind, serve until
-    Ctrl-C or the server dies (then stop it)."""
+    """`kn-serve model.onnx --engine triton`: load the model (`warmup`: plan its batch sizes
+    first, `load_model`), start the server, bind, serve until Ctrl-C or the server dies (then
+    stop it)."""
     from kn_runtime.serve.loading import load_model
 
-    model = load_model(model_path, device=device, threads=threads, max_batch_size=max_batch_size)
+    model = load_model(
+        model_path,
+        device=device,
+        threads=threads,
+        max_batch_size=max_batch_size,
+        warmup=warmup,
+    )
     _serve_until_stopped(
         lambda triton: bind(
             triton,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kn_graph import DType, Graph, ReduceOp, Shape, Size
-from kn_graph.errors import RequestError
+from kn_graph.errors import ArgumentValueError, RequestError
 from kn_graph.onnx import load_onnx
 from kn_runtime import Device
 from kn_runtime.serve import BatchedModel, load_model
@@ -98,6 +98,48 @@ def test_a_batching_model_keeps_an_executor_for_every_batch_size(alone) -> None:
             before = (cache.built, cache.dropped)
     assert (cache.built, cache.dropped) == before
     assert len(cache) == 12
+
+
+def test_warm_up_plans_every_batch_size_before_the_first_request(alone) -> None:
+    """After `warmup=True`, requests of every size up to the cap build nothing and let go of
+    nothing (the largest was planned first, so no smaller executor went stale when the arena
+    grew), and each answer is right."""
+    model = load_model(TINY, threads=2, max_batch_size=6, warmup=True)
+    cache = model.prepared.cache
+    assert (cache.built, len(cache)) == (6, 6)
+    before = (cache.built, cache.dropped)
+    rng = np.random.default_rng(5)
+    for rows in range(1, 7):
+        request = _images(rng, rows)
+        (answer,) = model.run_batch([request])
+        np.testing.assert_allclose(answer["logits"], alone.eval(request)[0], rtol=RTOL, atol=ATOL)
+    assert (cache.built, cache.dropped) == before
+
+
+def test_warm_up_of_a_sequence_model_needs_its_other_sizes() -> None:
+    path = MODELS / "bert_ts.onnx"
+    model = load_model(path, threads=1, max_batch_size=3)
+    with pytest.raises(ArgumentValueError, match=r"warm-up needs a size for seq.*input_ids"):
+        model.warm_up()
+    with pytest.raises(ArgumentValueError, match=r"name length, which no input has.*\['seq'\]"):
+        model.warm_up({"seq": 8, "length": 8})
+    assert model.warm_up({"seq": 8}) == 3
+    cache = model.prepared.cache
+    built = cache.built
+    rng = np.random.default_rng(6)
+    requests = [_bert_request(rng, 1, 8), _bert_request(rng, 2, 8)]
+    answers = model.run_batch(requests)
+    assert cache.built == built  # seq 8 at 3 rows was planned
+    ref = Device.cpu(threads=1).prepare(load_onnx(path))
+    for request, answer in zip(requests, answers, strict=True):
+        want = dict(zip(model.output_names, ref.eval(request), strict=True))
+        for name, got in answer.items():
+            np.testing.assert_allclose(got, want[name], rtol=RTOL, atol=ATOL)
+
+
+def test_warm_up_has_nothing_to_plan_for_onnxruntime_or_an_uncapped_model() -> None:
+    assert load_model(TINY, runtime="onnxruntime", max_batch_size=4).warm_up() == 0
+    assert load_model(TINY, threads=1).warm_up() == 0  # no max_batch_size: no sizes to plan
 
 
 def test_images_of_other_sizes_run_once_per_size() -> None:
