@@ -166,7 +166,8 @@ class BatchedModel:
         each size pays it (ResNet-50 about 0.5 s, BERT-base at 16 rows 2.5 s, on 1 thread).
         `sizes` gives the model's other symbolic sizes by name (a sequence length: `{"S": 128}`;
         other lengths still plan when they come). Largest first, so the arena is sized once and
-        the smaller sizes fit in it. Returns how many sizes were planned: 0 for another runtime,
+        the smaller sizes fit in it; no more sizes than the prepared graph keeps executors
+        (`max_bindings`: on a GPU the 8 largest). Returns how many sizes were planned: 0 for another runtime,
         a model that does not batch or has no `max_batch_size`, and a graph that plans once or
         as it runs (segments). ArgumentValueError names a symbol left without a size."""
         if self._evaluate is not None or self._batch is None or not self.max_batch_size:
@@ -189,7 +190,9 @@ class BatchedModel:
                 f"symbols besides the batch size {batch}: {sorted(symbols) or 'none'}"
             )
         planned = 0
-        for rows in range(self.max_batch_size, 0, -1):
+        # no more than the prepared graph keeps: a GPU keeps 8 executors (each holds memory)
+        kept = getattr(self.prepared, "max_bindings", None) or self.max_batch_size
+        for rows in range(self.max_batch_size, max(0, self.max_batch_size - kept), -1):
             if not self.prepared.warm({batch: rows, **given}):
                 return 0
             planned += 1

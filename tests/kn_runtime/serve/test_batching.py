@@ -137,6 +137,14 @@ def test_warm_up_of_a_sequence_model_needs_its_other_sizes() -> None:
             np.testing.assert_allclose(got, want[name], rtol=RTOL, atol=ATOL)
 
 
+def test_warm_up_plans_no_more_sizes_than_the_graph_keeps() -> None:
+    """A GPU keeps 8 executors: warming 16 sizes would evict the first ones it planned."""
+    prepared = Device.cpu(threads=1).prepare(load_onnx(TINY), max_bindings=3)
+    model = BatchedModel(prepared, max_batch_size=6)
+    assert model.warm_up() == 3
+    assert (prepared.cache.built, prepared.cache.dropped) == (3, 0)
+
+
 def test_warm_up_has_nothing_to_plan_for_onnxruntime_or_an_uncapped_model() -> None:
     assert load_model(TINY, runtime="onnxruntime", max_batch_size=4).warm_up() == 0
     assert load_model(TINY, threads=1).warm_up() == 0  # no max_batch_size: no sizes to plan
