@@ -7,16 +7,17 @@ called, so `import kn_runtime.serve` works without it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 INSTALL_HINT = "pip install 'kyanite[serve-ray]'"
 
@@ -148,6 +150,12 @@ class KyaniteDeployment:
         handle, without HTTP)."""
         return await self._queue.submit(inputs)
 
+    def _decode(self, body: bytes, content_type: str | None) -> dict[str, np.ndarray]:
+        """The request's inputs, checked on their own: a bad request is answered before it
+        joins a batch."""
+        inputs = codec.decode_request(body, content_type, self.model, self.max_body_bytes)
+        return self.model.check(inputs)
+
     async def __call__(self, request: Request) -> Response:
         from starlette.responses import Response
 
@@ -160,14 +168,15 @@ class KyaniteDeployment:
             content_type = request.headers.get("content-type")
             body = await request.body()
             read = time.perf_counter()
-            inputs = codec.decode_request(body, content_type, self.model, self.max_body_bytes)
-            # checked here, on its own: a bad request is answered before it joins a batch
-            inputs = self.model.check(inputs)
+            inline = len(body) <= _inline_limit(content_type)
+            inputs = await _call(inline, self._decode, body, content_type)
             decoded = time.perf_counter()
             outputs, started, took = await self._queue.submit_timed(inputs)
             evaluated = time.perf_counter()
-            payload, media_type = codec.encode_response(
-                outputs, request.headers.get("accept"), content_type
+            inline = sum(a.nbytes for a in outputs.values()) <= _inline_limit(codec.JSON)
+            accept = request.headers.get("accept")
+            payload, media_type = await _call(
+                inline, codec.encode_response, outputs, accept, content_type
             )
             timing = _server_timing(
                 read=read - arrived,
@@ -182,6 +191,19 @@ class KyaniteDeployment:
             if status >= 500:
                 log.exception("request failed (%d)", status)
             return Response(payload, status_code=status, media_type="application/json")
+
+
+async def _call(inline: bool, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`, on the event loop when `inline`, else in a worker thread."""
+    return fn(*args) if inline else await asyncio.to_thread(fn, *args)
+
+
+def _inline_limit(content_type: str | None) -> int:
+    """The largest body decoded (or, for JSON, the most array bytes encoded) on the event loop;
+    above it a worker thread does it, so that one large request does not hold up the others
+    and the replica's health checks (the loop is the replica's own: `SAME_LOOP_ENV`). JSON
+    costs about 50 ms a MB to parse into arrays, `.npy` is a view and `.npz` a copy."""
+    return 64 << 10 if codec.media_type(content_type) == codec.JSON else 4 << 20
 
 
 def _server_timing(**seconds: float) -> str:
@@ -263,6 +285,24 @@ def _actor_options(
     return options | dict(given or {})
 
 
+SAME_LOOP_ENV = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
+"""Serve runs a replica's user code on an event loop of its own thread by default, so that code
+which blocks its loop cannot stall the replica's HTTP server and health checks; each request
+then crosses between the two loops (its ASGI messages, its answer). `KyaniteDeployment` never
+blocks its loop (evaluations run in a worker thread, large bodies are decoded and encoded
+there too), so its replicas run it on the main loop: 0.45 ms less per request (a ResNet-50
+request over HAProxy: 3.51 -> 3.08 ms besides the evaluation, the tiny pooling model 4.54 ->
+4.09; two deployments side by side, requests alternating, on the 2-core VM)."""
+
+
+def _on_the_main_loop(options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with `SAME_LOOP_ENV=0` in the replica's runtime_env (a value given there
+    wins)."""
+    runtime_env = dict(options.get("runtime_env") or {})
+    env_vars = {SAME_LOOP_ENV: "0"} | dict(runtime_env.get("env_vars") or {})
+    return options | {"runtime_env": runtime_env | {"env_vars": env_vars}}
+
+
 def _error_response(status: int, message: str) -> Response:
     from starlette.responses import Response
 
@@ -314,7 +354,7 @@ def deployment(
     settings: dict[str, Any] = {
         "name": name,
         "num_replicas": num_replicas,
-        "ray_actor_options": _actor_options(threads, device, ray_actor_options),
+        "ray_actor_options": _on_the_main_loop(_actor_options(threads, device, ray_actor_options)),
         "max_ongoing_requests": 2 * max_batch_size,
     }
     settings.update(deployment_options or {})

@@ -316,6 +316,22 @@ def test_use_ingress_sets_serve_environment(monkeypatch: pytest.MonkeyPatch) -> 
         use_ingress("nginx")
 
 
+def test_replicas_run_their_handler_on_the_main_loop_unless_told_otherwise() -> None:
+    """The environment variable joins a runtime_env the caller gave (its other settings kept);
+    a value the caller set wins."""
+    from kn_runtime.serve.ray_serve import SAME_LOOP_ENV, _on_the_main_loop
+
+    assert _on_the_main_loop({"num_cpus": 1}) == {
+        "num_cpus": 1,
+        "runtime_env": {"env_vars": {SAME_LOOP_ENV: "0"}},
+    }
+    given = {"runtime_env": {"pip": ["x"], "env_vars": {"A": "1", SAME_LOOP_ENV: "1"}}}
+    assert _on_the_main_loop(given)["runtime_env"] == {
+        "pip": ["x"],
+        "env_vars": {SAME_LOOP_ENV: "1", "A": "1"},
+    }
+
+
 @pytest.mark.parametrize("ingress", ["proxy", "haproxy"])
 def test_kn_serve_cli_serves_until_ctrl_c(
     tmp_path: Path, reference: Callable[[np.ndarray], np.ndarray], ingress: str
