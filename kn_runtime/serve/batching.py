@@ -164,12 +164,13 @@ class BatchedModel:
         """Plan and compile the evaluation of every batch size from `max_batch_size` down to 1
         before a request meets it, as Triton's model warm-up does: otherwise the first batch of
         each size pays it (ResNet-50 about 0.5 s, BERT-base at 16 rows 2.5 s, on 1 thread).
-        `sizes` gives the model's other symbolic sizes by name (a sequence length: `{"S": 128}`;
+        `sizes` gives the model's other symbolic sizes by name (a sequence length: `{"seq": 128}`;
         other lengths still plan when they come). Largest first, so the arena is sized once and
         the smaller sizes fit in it; no more sizes than the prepared graph keeps executors
-        (`max_bindings`: on a GPU the 8 largest). Returns how many sizes were planned: 0 for another runtime,
-        a model that does not batch or has no `max_batch_size`, and a graph that plans once or
-        as it runs (segments). ArgumentValueError names a symbol left without a size."""
+        (`max_bindings`: on a GPU the 8 largest). Returns how many sizes were planned: 0 for
+        another runtime, a model that does not batch or has no `max_batch_size`, and a graph
+        that plans once or as it runs (segments). ArgumentValueError names a symbol left
+        without a size."""
         if self._evaluate is not None or self._batch is None or not self.max_batch_size:
             return 0
         graph = self.prepared.graph

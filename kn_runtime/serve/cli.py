@@ -3,6 +3,7 @@ repository for a Triton server of your own.
 
     kn-serve model.onnx --engine ray --replicas 2 --port 8000      # Ray Serve (extra serve-ray)
     kn-serve model.onnx --engine triton --port 8000 --grpc-port 8001   # PyTriton (serve-triton)
+    kn-serve bert.onnx --warmup seq=128   # plan batch sizes 1-16 at 128 tokens before serving
     kn-serve export-triton model.onnx repo/ --max-batch-size 16    # a model repository
     kn-serve generate [FOLDER] --engine ray --port 8000   # an LLM folder (default: the tiny LLM)
     kn-serve generate [FOLDER] --engine triton --grpc-port 8001   # decoupled, streamed over gRPC
@@ -124,31 +125,8 @@ def build_generate_parser() -> OneLineParser:
     )
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads (1)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
-    ap.add_argument(
-        "--warmup",
-        nargs="*",
-        metavar="SYMBOL=SIZE",
-        default=None,
-        help="plan every batch size before serving; a model with other symbolic sizes names "
-        "them (--warmup seq=128)",
-    )
     _ingress_argument(ap)
     return ap
-
-
-def _warmup(values: list[str] | None) -> bool | dict[str, int]:
-    """`--warmup` -> True, `--warmup seq=128` -> {"seq": 128}, no flag -> False."""
-    if values is None:
-        return False
-    if not values:
-        return True
-    sizes = {}
-    for item in values:
-        name, _, size = item.partition("=")
-        if not name or not size.isdigit() or int(size) < 1:
-            raise CliError(f"--warmup: expected SYMBOL=SIZE with a positive size, found {item!r}")
-        sizes[name] = int(size)
-    return sizes
 
 
 def _positive(value: int, flag: str) -> None:

@@ -85,8 +85,8 @@ class KyaniteDeployment:
     replica's event loop, queued in a `RequestQueue` and evaluated together by
     `BatchedModel.run_batch` in a worker thread, one batch at a time, so the loop keeps
     accepting (and batching) requests while a batch runs. Its answers carry a Server-Timing
-    header (read, decode, queue, eval, encode; milliseconds). Every failure is an HTTP answer (`codec.encode_error`: 400,
-    413, 415 or 500), never a dropped connection.
+    header (read, decode, queue, eval, encode; milliseconds). Every failure is an HTTP answer
+    (`codec.encode_error`: 400, 413, 415 or 500), never a dropped connection.
 
     A plain class at module level (wrapped by `deployment()`), so that Ray pickles it by
     reference and replicas import it from the installed package."""
@@ -119,7 +119,6 @@ class KyaniteDeployment:
         self.max_batch_size = max_batch_size
         self._queue = RequestQueue(self._evaluate, max_batch_size, batch_wait_timeout_s)
         self._metadata = self._describe(model_path)
-        self._served = {"requests": 0, "batches": 0, "largest_batch": 0}
         log.info(
             "kyanite replica ready: %s, batches of up to %d (%s)",
             model_path,
