@@ -172,8 +172,10 @@ class KyaniteDeployment:
             decoded = time.perf_counter()
             outputs, started, took = await self._queue.submit_timed(inputs)
             evaluated = time.perf_counter()
-            inline = sum(a.nbytes for a in outputs.values()) <= _inline_limit(codec.JSON)
             accept = request.headers.get("accept")
+            # the answer's kind follows Accept, or the request's (`*/*`): the smaller limit
+            limit = min(_inline_limit(accept), _inline_limit(content_type))
+            inline = sum(a.nbytes for a in outputs.values()) <= limit
             payload, media_type = await _call(
                 inline, codec.encode_response, outputs, accept, content_type
             )
@@ -198,11 +200,13 @@ async def _call(inline: bool, fn: Callable[..., T], *args: Any) -> T:
 
 
 def _inline_limit(content_type: str | None) -> int:
-    """The largest body decoded (or, for JSON, the most array bytes encoded) on the event loop;
-    above it a worker thread does it, so that one large request does not hold up the others
-    and the replica's health checks (the loop is the replica's own: `SAME_LOOP_ENV`). JSON
-    costs about 50 ms a MB to parse into arrays, `.npy` is a view and `.npz` a copy."""
-    return 64 << 10 if codec.media_type(content_type) == codec.JSON else 4 << 20
+    """The largest body decoded, or the most array bytes encoded, on the event loop for this
+    media type; above it a worker thread does it, so that one large request does not hold up
+    the others and the replica's health checks (the loop is the replica's own:
+    `SAME_LOOP_ENV`). JSON costs about 50 ms a MB to parse into arrays, `.npy` is a view and
+    `.npz` a copy; a body without a media type may be JSON (`codec` guesses)."""
+    binary = codec.media_type(content_type) in (codec.NPY, codec.NPZ, "application/octet-stream")
+    return 4 << 20 if binary else 64 << 10
 
 
 def _server_timing(**seconds: float) -> str:
