@@ -112,7 +112,7 @@ class BatchedModel:
         self._pad: str | None = None  # the sequence symbol ragged requests are padded along
         self._seq_axes: dict[str, tuple[int, ...]] = {}  # output name -> axes that are `S`
         self._padded_inputs: frozenset[str] = frozenset()  # inputs with `S` as axis 1
-        self._batch = None
+        self._batch: Size | None = None  # the batch axis's size symbol
         specializing = getattr(prepared, "_specializing", None)
         if specializing is not None:  # shapes decided by input values: no one graph
             self.inputs, self.outputs = _onnx_specs(specializing.model.model)
@@ -125,7 +125,7 @@ class BatchedModel:
         if isinstance(batch, str) or batch is None:
             self.why_not = batch or "the graph has no inputs"
             batch = None
-        self._batch: Size | None = batch
+        self._batch = batch
         self.inputs = _specs(graph, graph.inputs, graph.input_names, batch)
         self.outputs = _specs(graph, graph.outputs, graph.output_names, batch)
         if batch is not None:

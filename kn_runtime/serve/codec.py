@@ -148,8 +148,7 @@ def _load_npy(body: bytes) -> np.ndarray:
     if len(body) - offset != count * dtype.itemsize:
         raise RequestError(
             f"body is not a readable .npy array: {len(body) - offset} bytes of data, but its "
-            f"header says "
-            f"{list(shape)} {dtype}: {count * dtype.itemsize} bytes"
+            f"header says {list(shape)} {dtype}: {count * dtype.itemsize} bytes"
         )
     a = np.frombuffer(body, dtype, count, offset)
     return a.reshape(shape[::-1]).transpose() if fortran_order else a.reshape(shape)

@@ -139,6 +139,33 @@ def test_npy_bodies_read_as_np_load_reads_them(a: np.ndarray) -> None:
         np.testing.assert_array_equal(got, want)
 
 
+def test_a_npy_view_evaluates_on_the_cpu_with_nan_and_extreme_values(
+    one_input: BatchedModel,
+) -> None:
+    """The read-only view goes through `Device.cpu()` as a copied array would: NaN stays NaN,
+    infinities and the float32 extremes come back as relu gives them, and the body is not
+    written to."""
+    f32 = np.finfo(np.float32)
+    x = np.array(
+        [[np.nan, -np.nan], [np.inf, -np.inf], [f32.max, f32.min], [f32.tiny, -0.0]], np.float32
+    )
+    body = _npy(x)
+    inputs = codec.decode_request(body, "application/x-npy", one_input)
+    assert not inputs["x"].flags.writeable
+    (got,) = one_input.run_batch([inputs])
+    np.testing.assert_array_equal(got["y"], np.maximum(x, 0))  # NaN where x is NaN
+    assert body == _npy(x)
+
+
+def test_npy_integer_extremes_read_exactly() -> None:
+    for dtype in (np.int64, np.uint64, np.int8):
+        info = np.iinfo(dtype)
+        a = np.array([info.min, info.max, 0, -1 if info.min else 1], dtype)
+        got = codec._load_npy(_npy(a))
+        assert got.dtype == a.dtype
+        np.testing.assert_array_equal(got, a)
+
+
 def test_npy_bodies_of_the_wrong_length_are_400() -> None:
     body = _npy(np.arange(5, dtype=np.int64))
     for bad, found in ((body[:-3], 37), (body + b"\0", 41)):
