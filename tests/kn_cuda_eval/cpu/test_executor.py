@@ -399,6 +399,50 @@ def test_large_attention_as_gemms_matches_the_reference(
     assert_close(view_array(ex.arena, p.outputs[0]).copy(), evaluate(g, feed)[0], "profiled")
 
 
+@pytest.mark.parametrize("layout", ["mask per head", "mask per batch row", "causal", "shared kv"])
+def test_heads_of_a_batch_row_go_through_one_batched_gemm(
+    layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When whole heads fit in a block, the heads of a batch row run as one GEMM batched over
+    them, one softmax over all their rows and one GEMM, up to `GROUP_BYTES` of scores: 5 heads
+    in groups of 2, 2 and 1 here, each group's mask rows, causal diagonal and keys its own."""
+    from kn_cuda_eval.cpu import onednn
+    from kn_cuda_eval.cpu.passes import attention
+
+    monkeypatch.setattr(attention, "GROUP_BYTES", 2 * 80 * 96 * 4 + 100)
+    rng = np.random.default_rng(12)
+    g = Graph()
+    q = g.input(Shape.of(2, 5, 80, 32), DType.F32, "q")
+    kv_heads = 1 if layout == "shared kv" else 5
+    k = g.input(Shape.of(2, kv_heads, 96, 32), DType.F32, "k")
+    v = g.input(Shape.of(2, kv_heads, 96, 24), DType.F32, "v")
+    shapes = [(2, 5, 80, 32), (2, kv_heads, 96, 32), (2, kv_heads, 96, 24)]
+    if kv_heads == 1:
+        k, v = g.broadcast(k, [2, 5, 96, 32]), g.broadcast(v, [2, 5, 96, 24])
+    mask = None
+    if layout.startswith("mask"):
+        heads = 5 if layout == "mask per head" else 1
+        mask = g.input(Shape.of(2, heads, 80, 96), DType.F32, "mask")
+        mask = g.broadcast(mask, [2, 5, 80, 96]) if heads == 1 else mask
+        shapes.append((2, heads, 80, 96))
+    q, k, v = (g.view(x, [10, *g[x].shape[2:]]) for x in (q, k, v))  # heads off the batch
+    mask = None if mask is None else g.view(mask, [10, 80, 96])
+    g.add_output(g.attention(q, k, v, mask=mask, scale=0.2, causal=layout == "causal"), "o")
+    feed = [(rng.standard_normal(s) * 2).astype(np.float32) for s in shapes]
+    if mask is not None:
+        feed[3] = np.where(feed[3] > 1.0, -np.inf, feed[3]).astype(np.float32)
+    p = plan(g)
+    ex = HostExecutor(p, threads=2)
+    want = evaluate(g, feed)[0]
+    for _ in range(2):
+        assert_close(ex.eval(feed)[0], want, layout)
+    split = [n for n in ex.names if n.startswith("onednn gemm+softmax")]
+    if onednn.available() is None:
+        assert split == ["onednn gemm+softmax x6"], ex.names  # 2 batch rows x 3 groups
+    else:
+        assert split == [], ex.names
+
+
 def test_small_attention_stays_one_fused_step() -> None:
     from kn_cuda_eval.cpu.passes import attention
 
