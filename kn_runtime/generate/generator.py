@@ -247,6 +247,29 @@ def _mask_apart(graph: Any, path: Path) -> Any:
     return load_onnx(path, input_shapes={"attention_mask": [mask[0], Size.sym("mask_length")]})
 
 
+def _positions_from_mask(path: Path) -> bool:
+    """Whether every attention of the model is GroupQueryAttention with its rotary inside
+    (`do_rotary`): each row's positions and keys then come from seqlens_k, which
+    onnxruntime-genai's folders compute from the attention mask's row sums, so a past padded at
+    its end with masked zeros is exact (`DecoderModel.positions_from_mask`). Refused where
+    anything else could count positions (rotary or attention ops of other kinds, a Range over
+    a shape, control flow)."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:  # load_onnx read it already: the graph proto alone, weights left where they are
+        nodes = onnx.load(str(path), load_external_data=False).graph.node
+    except (OSError, DecodeError):
+        return False
+    others = {"RotaryEmbedding", "Attention", "MultiHeadAttention", "Range", "If", "Loop", "Scan"}
+    gqa = [n for n in nodes if n.op_type == "GroupQueryAttention"]
+    return (
+        bool(gqa)
+        and not any(n.op_type in others for n in nodes)
+        and all(any(a.name == "do_rotary" and a.i == 1 for a in n.attribute) for n in gqa)
+    )
+
+
 def load_generator(
     folder: str | Path | None = None, device: Any = None, *, max_bindings: int | None = None
 ) -> Generator:
@@ -269,4 +292,10 @@ def load_generator(
     appends = isinstance(loaded, Graph) and trim_outputs(loaded, signature)
     device = Device.cpu() if device is None else device
     prepared = device.prepare(loaded, max_bindings=max_bindings or DEFAULT_MAX_BINDINGS)
-    return Generator(spec, DecoderModel(prepared, signature, appends=appends), tokenizer)
+    model = DecoderModel(
+        prepared,
+        signature,
+        appends=appends,
+        positions_from_mask=_positions_from_mask(spec.model_path),
+    )
+    return Generator(spec, model, tokenizer)

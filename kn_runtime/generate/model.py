@@ -151,10 +151,12 @@ class DecoderModel:
     `bucket` (default `CACHE_BUCKET` where it is exact, else 1): a decode step's past is fed
     padded to `padded_length(past, bucket)` positions — zeros the attention mask hides (0 in the mask:
     a masked key's softmax weight is exactly 0, so its zero key and value add nothing) — and the
-    new key and value are taken back out of the present. Exact only where the model reads
-    positions from `position_ids` (a model that counts them from the past length, or from the
-    mask's row sums like GroupQueryAttention's seqlens, would see the padding), and where the
-    mask masks past keys: so only models with both inputs, position_ids used, bucket."""
+    new key and value are taken back out of the present. Exact where the model reads positions
+    from `position_ids` and the mask masks past keys, and where it counts each row's positions
+    and keys from the mask's row sums (`positions_from_mask`: GroupQueryAttention's seqlens_k,
+    rotary inside, as onnxruntime-genai's folders have it: the zeros after a row's past are
+    keys it never reads, and its new key goes right after its past); not where a model counts
+    positions from the past length, which the padding would shift."""
 
     def __init__(
         self,
@@ -163,6 +165,7 @@ class DecoderModel:
         bucket: int | None = None,
         *,
         appends: bool = False,
+        positions_from_mask: bool = False,
     ) -> None:
         self.prepared = prepared
         self.signature = signature
@@ -175,7 +178,11 @@ class DecoderModel:
         """Positions come from `position_ids` and the mask hides past keys: a past padded at
         its front (or its end) gives the row's logits unpadded (a model that counts positions
         from the past length shifts a padded row's rotary distances)."""
-        self.bucket = (CACHE_BUCKET if exact else 1) if bucket is None else max(1, int(bucket))
+        self.positions_from_mask = positions_from_mask
+        """Each row's positions and keys come from the mask's row sums (class docstring): a past
+        padded at its end is exact, at its front it is not."""
+        padded = exact or positions_from_mask
+        self.bucket = (CACHE_BUCKET if padded else 1) if bucket is None else max(1, int(bucket))
         self._lock = threading.Lock()
         self._mirror: tuple[Cache, Any, int, int] | None = None
         """(cache, executor, its arena's runs after the step, positions of that cache the arena
@@ -285,5 +292,8 @@ class DecoderModel:
         presents = {p.name: np.asarray(by_name[p.present]) for p in sig.past}
         if not self.appends:
             cache.overwrite(presents)
-        cache.append({k: v[:, :, -s:] for k, v in presents.items()})
+        # the new positions: the last S of a concat(past, new) (after a padded past's zeros);
+        # GroupQueryAttention's come right after each row's past, before the padding
+        at = cache.length if self.positions_from_mask else -s
+        cache.append({k: v[:, :, at : at + s or None] for k, v in presents.items()})
         return np.asarray(by_name[sig.logits])[:, -1, :].astype(np.float32)
