@@ -35,10 +35,12 @@ def print_program(
     load_ref: Callable[[int], str],
     index_ref: Callable[[int], str],
     prefix: str = "v",
+    const_ref: Callable[[Const], str | None] | None = None,
 ) -> list[str]:
     """Emit `const T vK = ...;` for every instruction; returns the value names. The bounds of
     float values clamped by min/max with constants are followed, so that a cast to a small
-    integer of a clamped value skips its saturation (`exprs.cast`'s `in_range`)."""
+    integer of a clamped value skips its saturation (`exprs.cast`'s `in_range`). `const_ref`
+    names a constant's parameter (an i64 the kernel reads), or None for a literal."""
     names: list[str] = []
     dts: list[DType] = []
     bounds: list[tuple[float, float]] = []  # each value lies within, or is NaN
@@ -50,7 +52,8 @@ def print_program(
             case Index(arg, dt):
                 e = exprs.cast(f"({index_ref(arg)})", DType.I64, dt)
             case Const(value, dt):
-                e = exprs.literal(value, dt)
+                ref = None if const_ref is None else const_ref(ins)
+                e = exprs.literal(value, dt) if ref is None else exprs.cast(ref, DType.I64, dt)
                 if dt.is_float and not math.isnan(float(value)):
                     rng = (float(value), float(value))
             case Un(UnaryOp.CAST, x, dt) if dts[x].is_float and dt.is_int and dt is not DType.BOOL:

@@ -102,6 +102,7 @@ class _Columns:
                     f"{self.ins[q][0]}[{offset_sum(f'ro{q}', [term('j', str(self.ins[q][1][n - 1]))])}]"
                 ),
                 lambda q: "0",
+                const_ref=self.a.const,
             )
             v = p.value.print(w, k.acc, f"({k.acc}){names[x.program.roots[0]]}")
             print_fold(w, p, k.acc, v, "a[j]", "nan[j]", "j")

@@ -128,6 +128,7 @@ def elementwise_call(s: st.Elementwise) -> CCall:
                     lambda q: f"{ins[q]}[{offset_sum(*inner[nout + q])}]",
                     lambda q: f"({offset_sum(*inner[nout + nin + q])})",
                     prefix="h",
+                    const_ref=a.const,
                 )
                 for t, root in zip(tables.values(), sub.roots, strict=True):
                     w.line(f"{t}[j] = {names[root]};")
@@ -140,6 +141,7 @@ def elementwise_call(s: st.Elementwise) -> CCall:
             prog,
             lambda i: f"{ins[i]}[{offs[nout + i]}]" if i < nin else f"hv{i - nin}[j]",
             lambda i: f"({offs[nout + nin + i]})",
+            const_ref=a.const,
         )
         for k, (v, root) in enumerate(zip(s.outputs, prog.roots, strict=True)):
             w.line(f"{outs[k]}[{offs[k]}] = {exprs.store(v.dtype, names[root])};")

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from kn_cuda_eval.codegen import exprs
 from kn_cuda_eval.codegen.template import CodeWriter
-from kn_cuda_eval.planning.program import Program, Un
+from kn_cuda_eval.planning.program import Const, Program, Un
 from kn_cuda_eval.planning.view import StridedView
+from kn_graph.dtype import DType
 from kn_graph.ops import UnaryOp
 
 __all__ = [
@@ -101,6 +102,19 @@ class Args:
         self.decls.append(f"const {ctype} {name} = ({ctype})f[{len(self.floats)}];")
         self.floats.append(float(value))
         return name
+
+    def const(self, c: Const) -> str | None:
+        """An integer constant of a program as a parameter, or None (printed as a literal):
+        sizes reach programs as constants (a symbol's value, `Graph.size_value`, a gather's
+        axis length), and a literal made every sequence length a new kernel, so a new C
+        library to compile (BERT at 100 and at 101 tokens). Floats and -2..2 stay literals
+        (a float clamp's bounds decide its cast's code; 0, 1 and 2 simplify)."""
+        v = c.value
+        if not c.dtype.is_int or c.dtype is DType.BOOL or -2 <= int(v) <= 2:
+            return None
+        if not -(2**63) <= int(v) < 2**63:  # a u64 past i64: its literal
+            return None
+        return self.int_(f"kc{len(self.ints)}", int(v))
 
     def strides(self, prefix: str, strides: Sequence[int], inner: bool = True) -> list[str]:
         """Stride names; the innermost one (with `inner`) is specialised to a literal 0, 1 or 2,

@@ -112,6 +112,7 @@ class _Rows:
             lambda a: f"{self.ins[a][0]}[{_at(f'bi{a}', coords, self.ins[a][1][n:])}]",
             lambda a: f"({_at(f'bx{a}', coords, self.idx[a][1][n:])})",
             prefix=f"{prefix}v",
+            const_ref=self.a.const,
         )
         flat = coords[0] if coords else "0"
         for i in range(1, r):
