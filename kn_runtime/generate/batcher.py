@@ -11,10 +11,13 @@ generator, stop strings and limits; its events come through its own queue.
 
 Only for models whose cache appends (`DecoderModel.appends`: every present is the past plus
 the new positions) and whose padding is exact (`DecoderModel.pads_exactly`: positions from
-`position_ids`): a GroupQueryAttention export places a left-padded row's new keys after that
-row's own past, which a join would move, and a model that counts positions from the past
-length would give a row joined with padding positions its prefill did not (its rotary
-distances off by the padding). Other models run their requests one at a time.
+`position_ids`), and for GroupQueryAttention exports (`DecoderModel.positions_from_mask`:
+onnxruntime-genai's folders), whose rows keep their keys at the front of the cache and count
+positions from the mask's row sums: their pasts are padded at the end instead (a row's new key
+goes right after its own past), the masks still at the front (only their sums are read). A
+model that counts positions from the past length would give a row joined with padding
+positions its prefill did not (its rotary distances off by the padding): its requests run one
+at a time.
 """
 
 from __future__ import annotations
@@ -155,7 +158,9 @@ class Batcher:
             raise ArgumentValueError(f"Batcher: max_batch must be an int >= 1, found {max_batch!r}")
         self.gen = generator
         self.model = generator.model  # type: ignore[attr-defined]
-        joins = self.model.appends and self.model.pads_exactly
+        self._at_end = bool(getattr(self.model, "positions_from_mask", False))
+        """Pasts are padded at their end (GroupQueryAttention rows), not at their front."""
+        joins = (self.model.appends and self.model.pads_exactly) or self._at_end
         self.max_batch = max_batch if joins else 1
         self.steps = 0
         """Batched decode steps run so far (each a single evaluation for every active row)."""
@@ -231,7 +236,7 @@ class Batcher:
                         break
                     joined = self._prefill(req)
                     if joined is not None:
-                        cache, mask, tokens = _join(cache, mask, tokens, *joined)
+                        cache, mask, tokens = _join(cache, mask, tokens, *joined, self._at_end)
                         active.append(req)
             except queue.Empty:
                 pass
@@ -307,7 +312,9 @@ class Batcher:
             return cache, np.zeros((0, 0), np.int64), np.zeros(0, np.int64), active
         mask = mask[keep]
         drop = int(np.argmax(mask.any(axis=0)))  # columns no remaining row reads
-        return cache.select(keep).shifted(0, drop), mask[:, drop:], tokens[keep], active
+        kept = cache.select(keep)
+        kept = kept.resized(kept.length - drop) if self._at_end else kept.shifted(0, drop)
+        return kept, mask[:, drop:], tokens[keep], active
 
 
 def _join(
@@ -317,13 +324,19 @@ def _join(
     new: Cache,
     new_mask: np.ndarray,
     token: int,
+    at_end: bool = False,
 ) -> tuple[Cache, np.ndarray, np.ndarray]:
-    """The batch with one more row: both pasts left-padded to the longer one."""
+    """The batch with one more row: both pasts padded to the longer one, at their front (or
+    with `at_end` at their end), the masks at their front."""
     if cache is None or len(tokens) == 0:
         return new, new_mask, np.array([token], np.int64)
     length = max(cache.length, new.length)
     a, b = length - cache.length, length - new.length
-    joined = Cache.stacked([cache.shifted(a) if a else cache, new.shifted(b) if b else new])
+
+    def pad(c: Cache, n: int) -> Cache:
+        return c if not n else c.resized(length) if at_end else c.shifted(n)
+
+    joined = Cache.stacked([pad(cache, a), pad(new, b)])
     pad = np.zeros((mask.shape[0], a), np.int64)
     rows = np.concatenate([pad, mask], axis=1)
     row = np.concatenate([np.zeros((1, b), np.int64), new_mask], axis=1)

@@ -65,6 +65,18 @@ class Cache:
             out[k] = grown
         return Cache._of(out, n)
 
+    def resized(self, length: int) -> Cache:
+        """A copy holding `length` positions: the past, then zeros (a GroupQueryAttention row,
+        whose keys sit at the front, padded at its end to a longer batch's past), or the first
+        `length` (positions after every row's end dropped)."""
+        keep = min(length, self.length)
+        out = {}
+        for k, b in self._buf.items():
+            grown = np.zeros((b.shape[0], b.shape[1], length, b.shape[3]), b.dtype)
+            grown[:, :, :keep] = b[:, :, :keep]
+            out[k] = grown
+        return Cache._of(out, length)
+
     @staticmethod
     def stacked(caches: Sequence[Cache]) -> Cache:
         """The rows of caches of one length, one batch."""

@@ -51,7 +51,8 @@ def _prompts(folder: str = "llama_optimum") -> list[list[int]]:
         ("llama_optimum", "cpu"),
         ("qwen2_optimum", "cpu"),
         ("gpt2_optimum", "cpu"),
-        ("qwen2_genai", "cpu"),  # GroupQueryAttention: one request at a time
+        ("qwen2_genai", "cpu"),  # GroupQueryAttention: pasts padded at their end
+        ("qwen2_genai_int4", "cpu"),
     ],
 )
 def test_concurrent_requests_share_steps_and_keep_their_tokens(folder: str, device: str) -> None:
@@ -85,18 +86,21 @@ def test_concurrent_requests_share_steps_and_keep_their_tokens(folder: str, devi
         t.join()
     b.close()
     assert got == [tuple(a) for a in alone]
-    if gen.model.appends and gen.model.pads_exactly:
+    assert gen.model.positions_from_mask == ("genai" in folder)
+    if (gen.model.appends and gen.model.pads_exactly) or gen.model.positions_from_mask:
         assert b.steps < sum(new) - len(new)  # shared: fewer steps than the requests' tokens
         assert b.largest_batch >= 2
     else:
         assert b.max_batch == b.largest_batch == 1
 
 
-def test_a_request_joins_a_running_batch() -> None:
+@pytest.mark.parametrize("folder", ["llama_optimum", "qwen2_genai"])
+def test_a_request_joins_a_running_batch(folder: str) -> None:
     """The second request arrives after the first has made 6 tokens (a longer past joins a
-    shorter one and the other way round, both left-padded), and leaves first."""
-    gen = load_generator(LLM / "llama_optimum", Device.cpu())
-    long_prompt, short_prompt = _prompts()[0], _prompts()[3]
+    shorter one and the other way round, both padded: at their front, or for
+    GroupQueryAttention at their end), and leaves first."""
+    gen = load_generator(LLM / folder, Device.cpu())
+    long_prompt, short_prompt = _prompts(folder)[0], _prompts(folder)[3]
     for first, second in ((short_prompt, long_prompt), (long_prompt, short_prompt)):
         want_a = gen.generate([first], max_new_tokens=20).ids[0]
         want_b = gen.generate([second], max_new_tokens=8).ids[0]
