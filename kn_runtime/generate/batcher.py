@@ -333,10 +333,10 @@ def _join(
     length = max(cache.length, new.length)
     a, b = length - cache.length, length - new.length
 
-    def pad(c: Cache, n: int) -> Cache:
+    def padded(c: Cache, n: int) -> Cache:
         return c if not n else c.resized(length) if at_end else c.shifted(n)
 
-    joined = Cache.stacked([pad(cache, a), pad(new, b)])
+    joined = Cache.stacked([padded(cache, a), padded(new, b)])
     pad = np.zeros((mask.shape[0], a), np.int64)
     rows = np.concatenate([pad, mask], axis=1)
     row = np.concatenate([np.zeros((1, b), np.int64), new_mask], axis=1)

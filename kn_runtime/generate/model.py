@@ -57,23 +57,20 @@ class Cache:
     def shifted(self, front: int, drop: int = 0) -> Cache:
         """A copy with `front` zero positions before the past, less its first `drop` positions
         (rows joining a batch of a longer past are left-padded; positions no row reads go)."""
-        n = self.length - drop + front
-        out = {}
-        for k, b in self._buf.items():
-            grown = np.zeros((b.shape[0], b.shape[1], n, b.shape[3]), b.dtype)
-            grown[:, :, front:] = b[:, :, drop : self.length]
-            out[k] = grown
-        return Cache._of(out, n)
+        return self._copied(front, drop, self.length, self.length - drop + front)
 
     def resized(self, length: int) -> Cache:
         """A copy holding `length` positions: the past, then zeros (a GroupQueryAttention row,
         whose keys sit at the front, padded at its end to a longer batch's past), or the first
         `length` (positions after every row's end dropped)."""
-        keep = min(length, self.length)
+        return self._copied(0, 0, min(length, self.length), length)
+
+    def _copied(self, front: int, start: int, stop: int, length: int) -> Cache:
+        """A copy of `length` positions holding positions [start, stop) from `front` on."""
         out = {}
         for k, b in self._buf.items():
             grown = np.zeros((b.shape[0], b.shape[1], length, b.shape[3]), b.dtype)
-            grown[:, :, :keep] = b[:, :, :keep]
+            grown[:, :, front : front + stop - start] = b[:, :, start:stop]
             out[k] = grown
         return Cache._of(out, length)
 
