@@ -322,7 +322,9 @@ def _caches(
     pk, pv = (cache_rows(ctx, p, x, rows, c) for p, x in pairs)
     if t == c:
         return (pk, pv), (pk, pv)
-    keys, values = (cache_rows(ctx, p, x, rows, t) for p, x in pairs)
+    # rows [0, T) of the cache are the first T of the present (T <= C): a view, not the rows
+    # gathered once more (onnxruntime-genai's T and P are separate symbols, C = max(T, P))
+    keys, values = (g.slice_raw(x, 2, 0, 1, t) for x in (pk, pv))
     return (pk, pv), (keys, values)
 
 
