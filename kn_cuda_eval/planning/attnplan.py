@@ -101,10 +101,69 @@ def _head_view(p: PlannerContext, i: int) -> StridedView | None:
     return None
 
 
+def _grouped_view(p: PlannerContext, i: int) -> StridedView | None:
+    """When value i is [b, n, d] = view of x [B, Hkv, R, n, d] — grouped-query keys or values,
+    y [B, Hkv, 1, n, d] broadcast for the R query heads that read each head — x's view as
+    [B·Hkv, R, n, d] (stride 0 over R): the kernel reads each head R times and nothing is
+    copied (the repeat cost a copy of R times the cache per layer and token). None otherwise,
+    or when B and Hkv do not merge."""
+    op = p.g[p.val(i)].op
+    if not isinstance(op, View):
+        return None
+    x = op.x.index
+    xs, s = p.shape(x), p.shape(i)
+    if len(xs) != 5 or xs[0] * xs[1] * xs[2] != s[0] or xs[3:] != s[1:]:
+        return None
+    xop, st_x = p.g[p.val(x)].op, p.state[x]
+    if isinstance(st_x, StridedView):  # the planner's broadcast: stride 0 over R
+        v = st_x
+    elif isinstance(st_x, Lazy) and isinstance(xop, Broadcast) and p.uses[x] == 1:
+        y = xop.x.index
+        if len(p.shape(y)) != 5:
+            return None
+        v = p.mat(y).broadcast(xs)
+    else:
+        return None
+    return v.reshape((xs[0] * xs[1], xs[2], *xs[3:]))
+
+
+def _grouped_views(
+    p: PlannerContext, ops: list[int], mats: list[StridedView], out: StridedView
+) -> list[StridedView] | None:
+    """The operand views split as [B·Hkv, R, m, d] when keys or values are grouped-query
+    repeats (`_grouped_view`): queries and the output split their heads into (Hkv, R), a
+    broadcast mask too; None when a mask read in place otherwise would need a copy so split
+    that costs more than the repeats (a prefill's [B, Hq, m, n] mask; a decode's is one row)."""
+    grouped = [_grouped_view(p, i) for i in ops]
+    split = next((h.shape[:2] for h in grouped if h is not None), None)
+    if split is None:
+        return None
+    saved = sum(math.prod(p.shape(i)) for i, h in zip(ops, grouped, strict=True) if h is not None)
+    views: list[StridedView] = []
+    for k, (i, h) in enumerate(zip(ops, grouped, strict=True)):
+        if h is None:
+            head = _head_view(p, i)
+            h = None if head is None else head.reshape((*split, *head.shape[2:]))
+            # a mask read in place, which this split would copy: worth it against the repeats?
+            if h is None and head is not None and k >= len(mats) and math.prod(p.shape(i)) >= saved:
+                return None
+        if h is None or h.shape[:2] != split:
+            v = mats[k] if k < len(mats) else p.mat(i)
+            h = v.reshape((*split, *v.shape[1:]))
+            assert h is not None, "splitting an axis never needs a copy"
+        views.append(h)
+    o = out.reshape((*split, *out.shape[1:]))
+    assert o is not None
+    return [*views, o]
+
+
 def _attention_views(
     p: PlannerContext, ops: list[int], mats: list[StridedView], out: StridedView
 ) -> list[StridedView]:
     """Operand views [B1, B2, m, d] (and out) sharing one split of the batch axis."""
+    grouped = _grouped_views(p, ops, mats, out)
+    if grouped is not None:
+        return grouped
     heads = [_head_view(p, i) for i in ops]
     split = next(((h.shape[0], h.shape[1]) for h in heads if h is not None), (out.shape[0], 1))
     views: list[StridedView] = []

@@ -67,7 +67,8 @@ def split_attention(
         return None
     b1, b2, m, d = q.shape
     n, dv = k.shape[2], v.shape[3]
-    if m * n < MIN_SCORES or min(d, dv) < MIN_HEAD_DIM:
+    shared = k.strides[1] == 0 and v.strides[1] == 0  # grouped-query heads: one GEMM's rows
+    if (b2 if shared else 1) * m * n < MIN_SCORES or min(d, dv) < MIN_HEAD_DIM:
         return None
     rows = max(1, min(m, BLOCK_BYTES // (4 * n)))
     heads = max(1, min(b2, GROUP_BYTES // (4 * m * n))) if rows == m else 1

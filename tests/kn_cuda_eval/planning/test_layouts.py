@@ -214,3 +214,59 @@ def test_small_tensors_use_32_bit_indexing() -> None:
     g.add_output(g.binary(BinaryOp.ADD, x, x), "y")
     (launch,) = plan_launches(plan(g))
     assert "typedef int kn_idx;" in launch.kernel.source
+
+
+@pytest.mark.parametrize(
+    ("b", "m", "n", "grouped"),
+    [(1, 1, 24, True), (3, 1, 24, True), (1, 1, 1500, True), (2, 40, 24, False)],
+)
+def test_grouped_query_keys_are_read_in_place(b: int, m: int, n: int, grouped: bool) -> None:
+    """Keys and values repeated for grouped-query heads (R query heads per KV head: a broadcast
+    over the group viewed as the batch of heads, as GroupQueryAttention's lowering and the
+    exporters write it) are read in place: the attention's batch splits as [B·Hkv, R] with
+    stride 0 over R, no copy of R times the cache — for a decode step's query row (its
+    per-sequence mask copied, one row a head). A prefill's mask would cost more to copy so
+    split than the repeats: that plan keeps [B, Hq]. Emulated, compiled for CUDA, and on
+    Device.cpu() (at 1500 keys as GEMMs and softmaxes: `passes.attention`), against the
+    reference."""
+    from kn_graph.reference import evaluate
+    from kn_runtime import Device
+    from tests.kn_cuda_eval.helpers import assert_close
+
+    hkv, r, d = 2, 3, 16
+    heads = b * hkv * r
+    g = Graph()
+    q = g.input(Shape.of(b, hkv * r, m, d), DType.F32, "q")
+    k = g.input(Shape.of(b, hkv, n, d), DType.F32, "k")
+    v = g.input(Shape.of(b, hkv, n, d), DType.F32, "v")
+    mask = g.input(Shape.of(b, 1, m, n), DType.F32, "mask")
+
+    def repeated(x: object) -> object:  # [B, Hkv, n, d] -> [B·Hkv·R, n, d]
+        return g.view(g.repeat_interleave(x, 1, r), Shape.of(heads, n, d))  # type: ignore[arg-type]
+
+    bias = g.view(g.broadcast(mask, Shape.of(b, hkv * r, m, n)), Shape.of(heads, m, n))
+    y = g.attention(g.view(q, Shape.of(heads, m, d)), repeated(k), repeated(v), bias, 0.25, False)
+    g.add_output(y, "y")  # type: ignore[arg-type]
+    rng = np.random.default_rng(b * 100 + m)
+    feed = [
+        rng.standard_normal((b, hkv * r, m, d)).astype(np.float32),
+        rng.standard_normal((b, hkv, n, d)).astype(np.float32),
+        rng.standard_normal((b, hkv, n, d)).astype(np.float32),
+        np.where(rng.random((b, 1, m, n)) < 0.2, -np.inf, 0.0).astype(np.float32),
+    ]
+    feed[3][..., 0] = 0.0  # every row sees a key
+    plans = check_plan(g, feed)
+    (att,) = [s for s in plans[-1].steps if isinstance(s, steps.Attention)]  # optimized
+    assert (att.k.shape[:2] == (b * hkv, r) and att.k.strides[1] == 0) == grouped, att.describe()
+    copied = [
+        s for s in plans[-1].steps if isinstance(s, steps.Copy) and s.dst.numel >= heads * n * d
+    ]
+    assert bool(copied) != grouped, [s.describe() for s in copied]
+    prepared = Device.cpu().prepare(g)
+    assert_close(prepared.eval(feed)[0], evaluate(g, feed)[0], f"b={b} m={m} n={n}")
+    if n == 1500:  # R·1500 scores of one shared key head: a GEMM's worth (`MIN_SCORES`)
+        from kn_cuda_eval.cpu import onednn
+
+        names = prepared.executor(prepared.check_inputs(feed)).names
+        split = any(s.startswith("onednn gemm+softmax") for s in names)
+        assert split == (onednn.available() is None), names
