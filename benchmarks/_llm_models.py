@@ -15,12 +15,27 @@ tests/models/make_llm_models.py's docstring.) Folders:
 * `qwen2_0.5b_optimum_4bit/`: the same `model.onnx` through onnxruntime's
   `MatMulNBitsQuantizer` (4 bits, block 32, symmetric): every MatMul with constant weights
   becomes com.microsoft MatMulNBits.
+* `qwen2_0.5b_genai/` and `qwen2_0.5b_genai_int4/`: the same random-weight model (seed 0, final
+  norm scaled, the same tokenizer files) saved with `save_pretrained` and exported by
+  onnxruntime-genai's model builder, as tests/models/make_llm_models.py's `export_genai` runs it:
+  `python -m onnxruntime_genai.models.builder -i <hf> -o <folder> -p fp32|int4 -e cpu -c <tmp>`
+  (`genai_config.json`, GroupQueryAttention; int4: MatMulNBits). The builder runs in
+  `/work/venv-genai` (onnxruntime-genai 0.18 + transformers 5, made as that docstring says), so
+  these two folders can be made from either venv, e.g. without venv-opt:
+
+    /work/venv-genai/bin/python benchmarks/_llm_models.py --only qwen2_0.5b_genai \
+        --only qwen2_0.5b_genai_int4
+
+`--only NAME` (repeatable) makes only those folders; without it, every missing folder is made.
+A folder that exists (its model file is there) is kept; a genai folder is built under
+`<name>.partial` and renamed when the builder has finished.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -44,12 +59,16 @@ QWEN2_05B = {
 NORM_SCALE = 30.0  # logits std ~0.3 at the 0.02 init -> ~9: argmaxes far above float noise
 FP32 = "qwen2_0.5b_optimum"
 INT4 = "qwen2_0.5b_optimum_4bit"
+GENAI = {"qwen2_0.5b_genai": "fp32", "qwen2_0.5b_genai_int4": "int4"}  # name: builder -p
+GENAI_PYTHON = "/work/venv-genai/bin/python"
+NAMES = (FP32, INT4, *GENAI)
 
 
-def export_fp32(out: Path) -> None:
+def save_hf(hf: Path) -> None:
+    """The random-weight Qwen2-0.5B-configured model (seed 0, final norm x NORM_SCALE) and the
+    tiny fixtures' tokenizer, saved with `save_pretrained` into `hf`."""
     import torch
     import transformers as tf
-    from optimum.exporters.onnx import main_export
 
     sys.path.insert(0, str(ROOT / "tests" / "models"))
     from make_llm_models import BOS, EOS, PAD, train_tokenizer
@@ -58,18 +77,42 @@ def export_fp32(out: Path) -> None:
     model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**QWEN2_05B)).eval()
     with torch.no_grad():
         model.model.norm.weight.mul_(NORM_SCALE)
+    model.save_pretrained(hf)
+    fast = tf.PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(add_bos=False),
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        padding_side="left",
+    )
+    fast.save_pretrained(hf)
+
+
+def export_fp32(out: Path) -> None:
+    from optimum.exporters.onnx import main_export
+
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
-        model.save_pretrained(hf)
-        fast = tf.PreTrainedTokenizerFast(
-            tokenizer_object=train_tokenizer(add_bos=False),
-            bos_token=BOS,
-            eos_token=EOS,
-            pad_token=PAD,
-            padding_side="left",
-        )
-        fast.save_pretrained(hf)
+        save_hf(hf)
         main_export(str(hf), output=str(out), task="text-generation-with-past", device="cpu")
+
+
+def export_genai(hf: Path, out: Path, precision: str) -> None:
+    """onnxruntime-genai's model builder over the saved HF folder, in GENAI_PYTHON (as
+    tests/models/make_llm_models.py's `export_genai`), into `<out>.partial`, then renamed; the
+    tokenizer files the builder does not write are copied from the HF folder."""
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from make_llm_models import copy_tokenizer
+
+    part = out.with_name(out.name + ".partial")
+    shutil.rmtree(part, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as cache:
+        cmd = [GENAI_PYTHON, "-m", "onnxruntime_genai.models.builder"]
+        cmd += ["-i", str(hf), "-o", str(part), "-p", precision, "-e", "cpu", "-c", cache]
+        subprocess.run(cmd, check=True)
+    copy_tokenizer(hf, part)
+    shutil.rmtree(out, ignore_errors=True)
+    part.rename(out)
 
 
 def quantize_4bit(src: Path, out: Path) -> None:
@@ -95,14 +138,26 @@ def quantize_4bit(src: Path, out: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cache", type=Path, default=Path("/work/bigmodels"))
+    ap.add_argument(
+        "--only", action="append", choices=NAMES, help="make only this folder (repeatable)"
+    )
     args = ap.parse_args()
+    want = set(args.only or NAMES)
     fp32, int4 = args.cache / FP32, args.cache / INT4
-    if not (fp32 / "model.onnx").exists():
+    if FP32 in want and not (fp32 / "model.onnx").exists():
         export_fp32(fp32)
         print("exported", fp32)
-    if not (int4 / "model.onnx").exists():
+    if INT4 in want and not (int4 / "model.onnx").exists():
         quantize_4bit(fp32, int4)
         print("quantized", int4)
+    todo = [n for n in GENAI if n in want and not (args.cache / n / "model.onnx").exists()]
+    if todo:
+        with tempfile.TemporaryDirectory(dir=args.cache) as tmp:
+            hf = Path(tmp) / "hf"
+            save_hf(hf)  # once for both precisions
+            for name in todo:
+                export_genai(hf, args.cache / name, GENAI[name])
+                print("exported", args.cache / name, flush=True)
     return 0
 
 

@@ -1,11 +1,21 @@
-"""Greedy generation with a real-size LLM folder: Kyanite's `load_generator` against an
-onnxruntime loop with I/O binding that keeps the cache in place (onnxruntime-genai's builder
-does not read Optimum folders, so the loop is onnxruntime's own: each step binds the previous
-step's `present.*` OrtValues as `past_key_values.*` — no copy of the cache through NumPy —
-and copies out only the logits).
+"""Greedy generation with a real-size LLM folder: Kyanite's `load_generator` against
+onnxruntime's own generation on the same folder.
 
-    .venv/bin/python benchmarks/llm_generate.py [--cache /work/bigmodels] [-k fp32|4bit ...]
-        [--prompt 512] [--new 128] [--threads 2]
+* `-k fp32`, `-k 4bit` (the Optimum folders; the default): an onnxruntime loop with I/O binding
+  that keeps the cache in place (onnxruntime-genai does not read Optimum folders, so the loop is
+  onnxruntime's own: each step binds the previous step's `present.*` OrtValues as
+  `past_key_values.*` — no copy of the cache through NumPy — and copies out only the logits).
+* `-k genai_fp32`, `-k genai_int4` (onnxruntime-genai model-builder folders): onnxruntime-genai's
+  `og.Generator` greedy search (`do_sample=False`, `min_length = max_length = prompt + new`,
+  `append_tokens`, then `generate_next_token` until done), its session given the same threads
+  by `og.Config.overlay` of `model.decoder.session_options` (`intra_op_num_threads`,
+  `inter_op_num_threads` 1). That side runs under `/work/venv-genai/bin/python` (made as
+  tests/models/make_llm_models.py's docstring says; onnxruntime-genai is not in .venv). Its
+  prefill is `append_tokens` plus the first `generate_next_token` (which only picks the token),
+  its decode the later `generate_next_token` calls (one forward step each).
+
+    .venv/bin/python benchmarks/llm_generate.py [--cache /work/bigmodels]
+        [-k fp32|4bit|genai_fp32|genai_int4 ...] [--prompt 512] [--new 128] [--threads 2]
 
 The folders are made by `benchmarks/_llm_models.py` (Qwen2-0.5B configuration, random weights).
 Each side runs in a subprocess of its own (`--side`), so its peak RSS (VmHWM) is its own: load,
@@ -32,7 +42,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"fp32": "qwen2_0.5b_optimum", "4bit": "qwen2_0.5b_optimum_4bit"}
+FOLDERS = {
+    "fp32": "qwen2_0.5b_optimum",
+    "4bit": "qwen2_0.5b_optimum_4bit",
+    "genai_fp32": "qwen2_0.5b_genai",
+    "genai_int4": "qwen2_0.5b_genai_int4",
+}
+PEER = {"fp32": "ort", "4bit": "ort", "genai_fp32": "genai", "genai_int4": "genai"}
+"""The side each folder is compared with: `_ort`'s loop or `_genai`'s og.Generator."""
+PEER_LABEL = {"ort": "onnxruntime", "genai": "onnxruntime-genai"}
+GENAI_PYTHON = "/work/venv-genai/bin/python"
 Runner = Callable[[], dict]
 PAUSE_S = 1.0
 """Idle seconds before each measured generation: onnxruntime's intra-op threads spin for a while
@@ -143,12 +162,59 @@ def _ort(folder: Path, prompt: list[int], new: int, threads: int) -> tuple[float
     return warm, measured
 
 
+def _genai(folder: Path, prompt: list[int], new: int, threads: int) -> tuple[float, Runner]:
+    """onnxruntime-genai's greedy search (as tests/models/make_llm_models.py's `greedy_genai`),
+    with the decoder session's threads set through an overlay of genai_config.json."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    cfg = og.Config(str(folder))
+    opts = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    cfg.overlay(json.dumps({"model": {"decoder": {"session_options": opts}}}))
+    model = og.Model(cfg)
+    ids = np.array([prompt], np.int64)
+    total = len(prompt) + new
+
+    def run() -> tuple[list[int], float, float, float]:
+        t0 = time.perf_counter()
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=total, min_length=total)
+        gen = og.Generator(model, params)
+        t = time.perf_counter()
+        gen.append_tokens(ids)  # the prompt's forward pass
+        gen.generate_next_token()  # picks the first token from its logits
+        t1 = time.perf_counter()
+        while not gen.is_done():
+            gen.generate_next_token()
+        t2 = time.perf_counter()
+        toks = [int(x) for x in gen.get_sequence(0)[len(prompt) :]]
+        return toks, t1 - t, t2 - t1, t1 - t0
+
+    t = time.perf_counter()
+    run()
+    warm = time.perf_counter() - t
+
+    def measured() -> dict:
+        toks, prefill, decode, ttft = run()
+        return {
+            "tokens": toks,
+            "prefill_tok_s": len(prompt) / prefill,
+            "decode_tok_s": (new - 1) / decode,
+            "ttft_s": ttft,
+        }
+
+    return warm, measured
+
+
+SIDES = {"ours": _ours, "ort": _ort, "genai": _genai}
+
+
 def _side(args: argparse.Namespace) -> int:
     """One side in its own process: load and warm up, say READY, then one measured generation
     per `go` line on stdin (RESULT + JSON), until `quit` (then its peak RSS)."""
     folder = args.cache / FOLDERS[args.side[1]]
     prompt = _prompt(args.prompt)
-    fn = _ours if args.side[0] == "ours" else _ort
+    fn = SIDES[args.side[0]]
     warm, run = fn(folder, prompt, args.new, args.threads)
     print("READY " + json.dumps({"first_run_s": warm}), flush=True)
     for line in sys.stdin:
@@ -172,11 +238,13 @@ def _reply(p: subprocess.Popen, tag: str) -> dict:  # type: ignore[type-arg]
 def _compare(name: str, args: argparse.Namespace) -> tuple[dict, dict, list] | None:
     """Both sides loaded (one after the other), then `--rounds` measured generations taking
     turns (who goes first alternates), so a drift of the machine's speed hits both alike.
-    Per side: the median of each figure; `pairs`: each round's (ours, onnxruntime)."""
+    Per side: the median of each figure; `pairs`: each round's (ours, the peer's)."""
+    peer = PEER[name]
     procs = {}
     got: dict[str, dict] = {}
-    for side in ("ours", "ort"):
-        cmd = [sys.executable, __file__, "--side", side, name, "--cache", str(args.cache)]
+    for side in ("ours", peer):
+        python = GENAI_PYTHON if side == "genai" else sys.executable
+        cmd = [python, __file__, "--side", side, name, "--cache", str(args.cache)]
         cmd += ["--prompt", str(args.prompt), "--new", str(args.new)]
         cmd += ["--threads", str(args.threads)]
         procs[side] = p = subprocess.Popen(
@@ -185,14 +253,14 @@ def _compare(name: str, args: argparse.Namespace) -> tuple[dict, dict, list] | N
         got[side] = {**_reply(p, "READY"), "runs": []}
     pairs = []
     for k in range(args.rounds):
-        order = ("ours", "ort") if k % 2 == 0 else ("ort", "ours")
+        order = ("ours", peer) if k % 2 == 0 else (peer, "ours")
         for side in order:
             p = procs[side]
             assert p.stdin is not None
             p.stdin.write("go\n")
             p.stdin.flush()
             got[side]["runs"].append(_reply(p, "RESULT"))
-        pairs.append((got["ours"]["runs"][-1], got["ort"]["runs"][-1]))
+        pairs.append((got["ours"]["runs"][-1], got[peer]["runs"][-1]))
     for side, p in procs.items():
         assert p.stdin is not None
         p.stdin.write("quit\n")
@@ -200,7 +268,7 @@ def _compare(name: str, args: argparse.Namespace) -> tuple[dict, dict, list] | N
         got[side].update(_reply(p, "PEAK"))
         p.wait()
     out = []
-    for side in ("ours", "ort"):
+    for side in ("ours", peer):
         runs = got[side]["runs"]
         med = {k: statistics.median(r[k] for r in runs) for k in FIGURES}
         out.append(
@@ -214,7 +282,7 @@ def _compare(name: str, args: argparse.Namespace) -> tuple[dict, dict, list] | N
         )
         r = out[-1]
         print(
-            f"{name:5} {side:4} prefill {r['prefill_tok_s']:8.1f} tok/s  decode "
+            f"{name:10} {side:5} prefill {r['prefill_tok_s']:8.1f} tok/s  decode "
             f"{r['decode_tok_s']:6.2f} tok/s  ttft {r['ttft_s']:6.2f} s  peak RSS "
             f"{r['peak_rss_mb']:7.0f} MB  first run {r['first_run_s']:6.1f} s (median of "
             f"{len(runs)})",
@@ -245,11 +313,15 @@ def main() -> int:
         if not (args.cache / FOLDERS[name] / "model.onnx").exists():
             print(f"{name}: no folder in {args.cache}: run benchmarks/_llm_models.py first")
             continue
+        if PEER[name] == "genai" and not Path(GENAI_PYTHON).exists():
+            print(f"{name}: no {GENAI_PYTHON} (see tests/models/make_llm_models.py's docstring)")
+            continue
         o, t, pairs = _compare(name, args)
         same = o["tokens"] == t["tokens"] and o["same"] and t["same"]
+        a_toks, b_toks = o["tokens"], t["tokens"]  # an eos may end a side's row early
         agree = next(
-            (i for i, (a, b) in enumerate(zip(o["tokens"], t["tokens"], strict=True)) if a != b),
-            None,
+            (i for i, (a, b) in enumerate(zip(a_toks, b_toks, strict=False)) if a != b),
+            None if len(a_toks) == len(b_toks) else min(len(a_toks), len(b_toks)),
         )
         rows.append((name, o, t, same, agree, pairs))
     print(
@@ -259,7 +331,7 @@ def main() -> int:
     print("| model | side | prefill tok/s | decode tok/s | TTFT s | peak RSS MB | first run s |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, o, t, _, _, _ in rows:
-        for side, r in (("Kyanite", o), ("onnxruntime", t)):
+        for side, r in (("Kyanite", o), (PEER_LABEL[PEER[name]], t)):
             print(
                 f"| {name} | {side} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.2f} | "
                 f"{r['ttft_s']:.2f} | {r['peak_rss_mb']:.0f} | {r['first_run_s']:.1f} |"
@@ -270,8 +342,8 @@ def main() -> int:
         print(
             f"{name}: prefill {o['prefill_tok_s'] / t['prefill_tok_s']:.2f}x, decode "
             f"{o['decode_tok_s'] / t['decode_tok_s']:.2f}x (per round: {per}), peak RSS "
-            f"{o['peak_rss_mb'] / t['peak_rss_mb']:.2f}x of onnxruntime's; greedy tokens "
-            + ("identical" if same else f"differ from token {agree}")
+            f"{o['peak_rss_mb'] / t['peak_rss_mb']:.2f}x of {PEER_LABEL[PEER[name]]}'s; greedy "
+            "tokens " + ("identical" if same else f"differ from token {agree}")
         )
     return 0
 
