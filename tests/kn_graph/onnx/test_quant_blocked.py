@@ -84,18 +84,46 @@ def test_matmul_nbits_packed_zero_points_and_bias(bits: int) -> None:
     _check(_com(model([nd], {"x": x}, inits=inits)), {"x": x})
 
 
-def test_gather_block_quantized_uint8_packed_4_bit() -> None:
+@pytest.mark.parametrize("zeros", [True, False])
+def test_gather_block_quantized_uint8_packed_4_bit(zeros: bool) -> None:
+    """onnxruntime-genai's 4-bit embedding layout: the table stays packed in the graph (no
+    float table of rows x cols), the gathered rows are dequantized when they are read."""
+    from kn_graph.ops import Constant
+
     rows, cols, block = 10, 64, 32
     vals = RNG.integers(0, 16, (rows, cols))
     inits = {
         "data": _pack(vals, 4),
         "s": RNG.uniform(0.01, 0.1, (rows, cols // block)).astype(np.float32),
-        "z": _pack(RNG.integers(0, 16, (rows, cols // block)), 4),
     }
+    if zeros:
+        inits["z"] = _pack(RNG.integers(0, 16, (rows, cols // block)), 4)
     idx = np.array([[3, 0], [9, -1]], np.int64)
+    g = load_onnx(
+        _com(
+            model(
+                [
+                    helper.make_node(
+                        "GatherBlockQuantized",
+                        ["data", "idx", "s", *(["z"] if zeros else [])],
+                        ["y"],
+                        domain="com.microsoft",
+                        bits=4,
+                        block_size=block,
+                        gather_axis=0,
+                        quantize_axis=1,
+                    )
+                ],
+                {"idx": idx},
+                inits=inits,
+            )
+        )
+    )
+    tables = [g[v].op.tensor.array for v in g.values() if isinstance(g[v].op, Constant)]
+    assert max(a.nbytes for a in tables) == rows * cols // 2  # the packed bytes, no floats
     nd = helper.make_node(
         "GatherBlockQuantized",
-        ["data", "idx", "s", "z"],
+        ["data", "idx", "s", *(["z"] if zeros else [])],
         ["y"],
         domain="com.microsoft",
         bits=4,
