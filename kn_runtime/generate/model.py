@@ -83,6 +83,12 @@ class Cache:
             {k: np.concatenate([c._buf[k][:, :, :length] for c in caches]) for k in names}, length
         )
 
+    def adopt(self, bufs: Mapping[str, np.ndarray], length: int) -> None:
+        """Take `bufs` (fresh arrays, zeros after `length` positions) as the buffers: a
+        GroupQueryAttention present is the whole cache, each row's keys at its front."""
+        self._buf = dict(bufs)
+        self.length = length
+
     def positions(self, name: str, start: int, stop: int) -> np.ndarray:
         """Positions [start, stop) of buffer `name`, as a view."""
         return self._buf[name][:, :, start:stop]
@@ -299,10 +305,10 @@ class DecoderModel:
         by_name = dict(zip(sig.outputs, outs, strict=True))
         s = ids.shape[1]
         presents = {p.name: np.asarray(by_name[p.present]) for p in sig.past}
-        if not self.appends:
-            cache.overwrite(presents)
-        # the new positions: the last S of a concat(past, new) (after a padded past's zeros);
-        # GroupQueryAttention's come right after each row's past, before the padding
-        at = cache.length if self.positions_from_mask else -s
-        cache.append({k: v[:, :, at : at + s or None] for k, v in presents.items()})
+        if self.positions_from_mask:  # the whole cache, the new keys after each row's past
+            cache.adopt(presents, cache.length + s)  # fresh arrays: no copy
+        else:
+            if not self.appends:
+                cache.overwrite(presents)
+            cache.append({k: v[:, :, -s:] for k, v in presents.items()})  # after the padding
         return np.asarray(by_name[sig.logits])[:, -1, :].astype(np.float32)
