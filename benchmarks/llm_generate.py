@@ -146,6 +146,14 @@ def _ort(folder: Path, prompt: list[int], new: int, threads: int) -> tuple[float
             mask = np.ones((1, mask.shape[1] + 1), np.int64)
         return out, prefill, decode, ttft
 
+    return _warm_and_measured(run, len(prompt), new)
+
+
+def _warm_and_measured(
+    run: Callable[[], tuple[list[int], float, float, float]], prompt: int, new: int
+) -> tuple[float, Runner]:
+    """A peer's `run` (tokens, prefill s, decode s, time to first token s): the seconds of a
+    first run, and the measured one's figures."""
     t = time.perf_counter()
     run()
     warm = time.perf_counter() - t
@@ -154,7 +162,7 @@ def _ort(folder: Path, prompt: list[int], new: int, threads: int) -> tuple[float
         toks, prefill, decode, ttft = run()
         return {
             "tokens": toks,
-            "prefill_tok_s": len(prompt) / prefill,
+            "prefill_tok_s": prompt / prefill,
             "decode_tok_s": (new - 1) / decode,
             "ttft_s": ttft,
         }
@@ -190,20 +198,7 @@ def _genai(folder: Path, prompt: list[int], new: int, threads: int) -> tuple[flo
         toks = [int(x) for x in gen.get_sequence(0)[len(prompt) :]]
         return toks, t1 - t, t2 - t1, t1 - t0
 
-    t = time.perf_counter()
-    run()
-    warm = time.perf_counter() - t
-
-    def measured() -> dict:
-        toks, prefill, decode, ttft = run()
-        return {
-            "tokens": toks,
-            "prefill_tok_s": len(prompt) / prefill,
-            "decode_tok_s": (new - 1) / decode,
-            "ttft_s": ttft,
-        }
-
-    return warm, measured
+    return _warm_and_measured(run, len(prompt), new)
 
 
 SIDES = {"ours": _ours, "ort": _ort, "genai": _genai}

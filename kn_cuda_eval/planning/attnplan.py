@@ -139,14 +139,30 @@ def _grouped_views(
     if split is None:
         return None
     saved = sum(math.prod(p.shape(i)) for i, h in zip(ops, grouped, strict=True) if h is not None)
-    views: list[StridedView] = []
-    for k, (i, h) in enumerate(zip(ops, grouped, strict=True)):
-        if h is None:
+    views = list(grouped)
+    for k, i in enumerate(ops):
+        if views[k] is None:
             head = _head_view(p, i)
-            h = None if head is None else head.reshape((*split, *head.shape[2:]))
+            views[k] = None if head is None else head.reshape((*split, *head.shape[2:]))
             # a mask read in place, which this split would copy: worth it against the repeats?
-            if h is None and head is not None and k >= len(mats) and math.prod(p.shape(i)) >= saved:
+            copied = views[k] is None and head is not None and k >= len(mats)
+            if copied and math.prod(p.shape(i)) >= saved:
                 return None
+    return _split_views(p, ops, views, split, mats, out)
+
+
+def _split_views(
+    p: PlannerContext,
+    ops: list[int],
+    heads: list[StridedView | None],
+    split: tuple[int, ...],
+    mats: list[StridedView],
+    out: StridedView,
+) -> list[StridedView]:
+    """`heads` (and out) split as `split`; an operand without such a view is read from its
+    materialised [b, m, d] (the given `mats`, or made now) split so."""
+    views: list[StridedView] = []
+    for k, (i, h) in enumerate(zip(ops, heads, strict=True)):
         if h is None or h.shape[:2] != split:
             v = mats[k] if k < len(mats) else p.mat(i)
             h = v.reshape((*split, *v.shape[1:]))
@@ -166,16 +182,7 @@ def _attention_views(
         return grouped
     heads = [_head_view(p, i) for i in ops]
     split = next(((h.shape[0], h.shape[1]) for h in heads if h is not None), (out.shape[0], 1))
-    views: list[StridedView] = []
-    for i, h in zip(ops, heads, strict=True):
-        if h is None or h.shape[:2] != split:
-            v = mats[len(views)] if len(views) < len(mats) else p.mat(i)
-            h = v.reshape((*split, *v.shape[1:]))
-            assert h is not None, "splitting an axis never needs a copy"
-        views.append(h)
-    o = out.reshape((*split, *out.shape[1:]))
-    assert o is not None
-    return [*views, o]
+    return _split_views(p, ops, heads, split, mats, out)
 
 
 def plan_attention(
