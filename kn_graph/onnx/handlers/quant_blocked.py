@@ -136,8 +136,7 @@ def gather_block_quantized(ctx: NodeContext) -> Result:
     if packed and rank == 2 and raw.shape[1] * (8 // bits) == blocks * block:
         rows = _dequantized_rows(ctx, raw, scales, zero, flat, bits, block)
         out = g.cast(rows, out_dt) if out_dt is not DType.F32 else rows
-        out = g.slice_raw(out, 1, 0, 1, data.shape[1]) if data.shape[1] != blocks * block else out
-        return g.view(out, Shape.from_seq([*g.shape(idx).dims, data.shape[1]]))
+        return g.view(out, Shape.from_seq([*g.shape(idx).dims, blocks * block]))
     per_elem = [np.repeat(p, block, axis=q_axis) for p in (zero, scales.astype(np.float32))]
     cut = tuple(slice(0, d) for d in data.shape)
     table = (data.astype(np.float32) - per_elem[0][cut]) * per_elem[1][cut]
