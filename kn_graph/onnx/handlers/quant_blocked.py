@@ -107,12 +107,14 @@ def gather_block_quantized(ctx: NodeContext) -> Result:
     bits = _bits(ctx, 4)
     blocks = -(-data.shape[q_axis] // block)
     packed = data.dtype == np.uint8 and bits < 8 and scales.shape[q_axis] != blocks
-    raw = data
+    row_packed = False  # a table packed along its rows: it stays so (`_dequantized_rows`)
     if packed:  # uint8 holding 8/bits values per byte along the last axis
         if q_axis != rank - 1 or gather_axis == q_axis:
             ctx.unsupported("packed uint8 data must be quantized along its last axis only")
-        data = unpack_bits(data, bits, scales.shape[q_axis] * block)
         blocks = scales.shape[q_axis]
+        row_packed = rank == 2 and data.shape[1] * (8 // bits) == blocks * block
+        if not row_packed:
+            data = unpack_bits(data, bits, blocks * block)
     if block < 16 or block & (block - 1):
         ctx.unsupported(f"block_size={block} (a power of two >= 16)")
     expect = tuple(blocks if a == q_axis else d for a, d in enumerate(data.shape))
@@ -133,8 +135,8 @@ def gather_block_quantized(ctx: NodeContext) -> Result:
     n = data.shape[gather_axis]
     idx = g.select(g.binary(BinaryOp.LT, idx, 0), g.add(idx, n), idx)
     flat = g.view(idx, Shape.of(g.shape(idx).size()))
-    if packed and rank == 2 and raw.shape[1] * (8 // bits) == blocks * block:
-        rows = _dequantized_rows(ctx, raw, scales, zero, flat, bits, block)
+    if row_packed:
+        rows = _dequantized_rows(ctx, data, scales, zero, flat, bits, block)
         out = g.cast(rows, out_dt) if out_dt is not DType.F32 else rows
         return g.view(out, Shape.from_seq([*g.shape(idx).dims, blocks * block]))
     per_elem = [np.repeat(p, block, axis=q_axis) for p in (zero, scales.astype(np.float32))]
