@@ -296,6 +296,9 @@ def load_generator(
         prepared,
         signature,
         appends=appends,
-        positions_from_mask=_positions_from_mask(spec.model_path),
+        # genai's builder writes its weights apart (model.onnx.data): reading the nodes again
+        # is cheap there, where an Optimum file (weights inside, no GroupQueryAttention from
+        # its exporters) would be parsed a second time whole
+        positions_from_mask=spec.layout == "genai" and _positions_from_mask(spec.model_path),
     )
     return Generator(spec, model, tokenizer)
