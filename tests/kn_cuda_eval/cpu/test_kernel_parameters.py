@@ -67,3 +67,44 @@ def test_integer_constants_are_parameters_and_small_ones_literals() -> None:
     assert a.kernel == b.kernel and 100 in a.ints and 101 in b.ints
     assert call(2, 0.5).kernel != a.kernel and call(100, 0.25).kernel != a.kernel
     assert "0.25f" in call(100, 0.25).kernel.source
+
+
+def test_integer_edge_constants_through_the_cpu_backend() -> None:
+    """Constants read as parameters keep their exact values on Device.cpu(): i64 extremes and
+    past 2^62, i32 bounds, a u64 mask past i64 (printed), small ones (printed), and a float NaN
+    beside them (printed) — the reference's results, bit for bit."""
+    from kn_graph import Graph, Shape
+
+    g = Graph()
+    x64 = g.input(Shape.of(3, 5), DType.I64, "x64")
+    x32 = g.input(Shape.of(3, 5), DType.I32, "x32")
+    u64 = g.input(Shape.of(3, 5), DType.U64, "u64")
+    xf = g.input(Shape.of(3, 5), DType.F32, "xf")
+    bounded = g.binary(BinaryOp.MIN, g.binary(BinaryOp.MAX, x64, -1000), 1000)  # no overflow
+    outs = {
+        "big": g.add(bounded, 2**62),
+        "min": g.binary(BinaryOp.MAX, x64, -(2**63)),
+        "max": g.binary(BinaryOp.MIN, x64, 2**63 - 1),
+        "neg": g.mul(bounded, -7),
+        "small": g.sub(bounded, 2),
+        "i32": g.add(x32, 2**31 - 101),
+        "i32min": g.binary(BinaryOp.MAX, x32, -(2**31)),
+        "u64all": g.binary(BinaryOp.BIT_AND, u64, 2**64 - 1),
+        "u64low": g.binary(BinaryOp.BIT_AND, u64, 2**63 - 1),
+        "nan": g.add(g.mul(xf, 3.0), float("nan")),
+    }
+    for name, v in outs.items():
+        g.add_output(v, name)
+    rng = np.random.default_rng(2)
+    feed = {
+        "x64": rng.integers(-100, 100, (3, 5)).astype(np.int64),
+        "x32": rng.integers(0, 100, (3, 5)).astype(np.int32),
+        "u64": rng.integers(0, 2**63, (3, 5), dtype=np.uint64) * np.uint64(2),
+        "xf": rng.standard_normal((3, 5)).astype(np.float32),
+    }
+    feed["x64"][0, :3] = [-(2**63), 2**63 - 1, 0]
+    got = Device.cpu().prepare(g).eval(feed)
+    want = evaluate(g, feed)
+    for name, a, b in zip(outs, got, want, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert np.isnan(got[-1]).all()

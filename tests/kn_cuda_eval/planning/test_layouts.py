@@ -255,6 +255,8 @@ def test_grouped_query_keys_are_read_in_place(b: int, m: int, n: int, grouped: b
         np.where(rng.random((b, 1, m, n)) < 0.2, -np.inf, 0.0).astype(np.float32),
     ]
     feed[3][..., 0] = 0.0  # every row sees a key
+    feed[1][0, 0, 1, 3] = np.nan  # a NaN key of KV head 0: its R query heads only turn NaN
+    feed[3][..., 1] = 0.0
     plans = check_plan(g, feed)
     (att,) = [s for s in plans[-1].steps if isinstance(s, steps.Attention)]  # optimized
     assert (att.k.shape[:2] == (b * hkv, r) and att.k.strides[1] == 0) == grouped, att.describe()
@@ -263,7 +265,10 @@ def test_grouped_query_keys_are_read_in_place(b: int, m: int, n: int, grouped: b
     ]
     assert bool(copied) != grouped, [s.describe() for s in copied]
     prepared = Device.cpu().prepare(g)
-    assert_close(prepared.eval(feed)[0], evaluate(g, feed)[0], f"b={b} m={m} n={n}")
+    got = prepared.eval(feed)[0]
+    assert_close(got, evaluate(g, feed)[0], f"b={b} m={m} n={n}")
+    nan_heads = np.isnan(got).any(axis=(1, 2))
+    assert nan_heads.tolist() == [h < r for h in range(heads)], nan_heads  # batch row 0, head 0
     if n == 1500:  # R·1500 scores of one shared key head: a GEMM's worth (`MIN_SCORES`)
         from kn_cuda_eval.cpu import onednn
 

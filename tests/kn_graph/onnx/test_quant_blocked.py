@@ -96,9 +96,10 @@ def test_gather_block_quantized_uint8_packed_4_bit(zeros: bool) -> None:
         "data": _pack(vals, 4),
         "s": RNG.uniform(0.01, 0.1, (rows, cols // block)).astype(np.float32),
     }
+    inits["s"][9, 1] = np.nan  # row 9's second block: NaN there, row 9's first block not
     if zeros:
         inits["z"] = _pack(RNG.integers(0, 16, (rows, cols // block)), 4)
-    idx = np.array([[3, 0], [9, -1]], np.int64)
+    idx = np.array([[3, 0], [9, -1], [-rows, rows - 1]], np.int64)  # both ends, both signs
     nd = helper.make_node(
         "GatherBlockQuantized",
         ["data", "idx", "s", *(["z"] if zeros else [])],
