@@ -101,6 +101,20 @@ def build_export_parser() -> OneLineParser:
     ap.add_argument(
         "--link", action="store_true", help="refer to the model file instead of copying it"
     )
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads per instance (1)")
+    ap.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="dynamic batching's max_queue_delay (0: a free instance takes what is queued)",
+    )
+    ap.add_argument(
+        "--warmup",
+        nargs="*",
+        metavar="SYMBOL=SIZE",
+        default=None,
+        help="each instance plans every batch size when Triton loads it (--warmup seq=128)",
+    )
     return ap
 
 
@@ -132,6 +146,13 @@ def build_generate_parser() -> OneLineParser:
 def _positive(value: int, flag: str) -> None:
     if value < 1:
         raise CliError(f"{flag}: expected a positive integer, found {value}")
+
+
+def _wait_us(ms: float) -> int:
+    """`--batch-wait-ms` in microseconds, Triton's unit."""
+    if not ms >= 0:  # NaN too
+        raise CliError(f"--batch-wait-ms: expected a wait >= 0, found {ms}")
+    return round(ms * 1000)
 
 
 def run(argv: list[str]) -> None:
@@ -173,8 +194,8 @@ def run(argv: list[str]) -> None:
         return
     if argv and argv[0] == EXPORT:
         args = build_export_parser().parse_args(argv[1:])
-        _positive(args.max_batch_size, "--max-batch-size")
-        _positive(args.instances, "--instances")
+        for flag in ("max_batch_size", "instances", "threads"):
+            _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
         from kn_runtime.serve.repository import write_repository
 
         out = write_repository(
@@ -185,6 +206,9 @@ def run(argv: list[str]) -> None:
             instances=args.instances,
             kind=args.kind,
             copy_model=not args.link,
+            threads=args.threads,
+            max_queue_delay_us=_wait_us(args.batch_wait_ms),
+            warmup=_warmup(args.warmup),
         )
         print(f"wrote the Triton model repository {out}")
         return
@@ -193,7 +217,7 @@ def run(argv: list[str]) -> None:
         _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
     if not args.model.is_file():
         raise CliError(f"model: '{args.model}' is not a file")
-    wait_s = args.batch_wait_ms / 1000
+    wait_s = _wait_us(args.batch_wait_ms) / 1e6
     warmup = _warmup(args.warmup)
     if args.engine == "ray":
         from kn_runtime.serve.ray_serve import serve_forever
@@ -220,7 +244,7 @@ def run(argv: list[str]) -> None:
             grpc_port=args.grpc_port,
             threads=args.threads,
             max_batch_size=args.max_batch_size,
-            max_queue_delay_us=int(args.batch_wait_ms * 1000),
+            max_queue_delay_us=_wait_us(args.batch_wait_ms),
             device=args.device,
             warmup=warmup,
         )

@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,8 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 P_MODEL = "kyanite_model"
 P_DEVICE = "kyanite_device"
 P_THREADS = "kyanite_threads"
+P_RUNTIME = "kyanite_runtime"
+P_WARMUP = "kyanite_warmup"
 
 MODEL_PY = '''"""Kyanite behind Triton's Python backend (written by kn_runtime.serve.repository).
 The model file, device and threads are parameters in ../config.pbtxt."""
@@ -114,7 +116,7 @@ def config_text(
     max_batch_size: int = 16,
     instances: int = 1,
     dynamic_batching: bool = True,
-    max_queue_delay_us: int = 1000,
+    max_queue_delay_us: int = 0,
     kind: str = "KIND_CPU",
     parameters: dict[str, str] | None = None,
 ) -> str:
@@ -163,11 +165,13 @@ def write_repository(
     max_batch_size: int = 16,
     instances: int = 1,
     dynamic_batching: bool = True,
-    max_queue_delay_us: int = 1000,
+    max_queue_delay_us: int = 0,
     kind: str = "KIND_CPU",
     copy_model: bool = True,
     threads: int | None = 1,
     python_path: str | os.PathLike[str] | None = None,
+    runtime: str = "kyanite",
+    warmup: bool | Mapping[str, int] = False,
 ) -> Path:
     """Write (or overwrite) `out_dir/<name>/` and return that folder. The model is loaded here
     once, for its inputs and outputs (and to fail now, not in the server, on a model Kyanite
@@ -175,7 +179,11 @@ def write_repository(
     it (with its external data) into `1/`. `threads`: intra-op threads of each instance's CPU
     backend (None: all cores; `instances` times `threads` should not exceed them). `kind="KIND_GPU"`
     runs each instance on its GPU (`Device.cuda(device_id)`). `python_path`: a folder model.py
-    puts first on `sys.path`, for a server whose Python lacks kyanite."""
+    puts first on `sys.path`, for a server whose Python lacks kyanite. `runtime="onnxruntime"`
+    puts an onnxruntime session behind the same model.py (the peer, as `load_model` does).
+    `warmup` (True, or the sizes of the model's other symbols, `{"seq": 128}`): each instance
+    plans every batch size up to `max_batch_size` when Triton loads it, before its first
+    request (`load_model(warmup=...)`)."""
     from kn_graph.onnx import load_onnx
     from kn_runtime.device import Device
 
@@ -192,6 +200,12 @@ def write_repository(
     params[P_DEVICE] = "cuda" if kind == "KIND_GPU" else "cpu"
     if threads is not None:
         params[P_THREADS] = str(threads)
+    if runtime not in ("kyanite", "onnxruntime"):
+        raise ArgumentValueError(f"runtime: expected kyanite or onnxruntime, found {runtime!r}")
+    if runtime != "kyanite":
+        params[P_RUNTIME] = runtime
+    if warmup is not False:
+        params[P_WARMUP] = _warmup_text(warmup)
     text = config_text(
         model,
         name=name,
@@ -214,6 +228,33 @@ def write_repository(
         (version / MODEL_FILE).unlink()
     log.info("wrote the Triton model repository %s", folder)
     return folder
+
+
+def _warmup_text(warmup: bool | Mapping[str, int]) -> str:
+    """`warmup` as config.pbtxt's parameter: "true", or "seq=128,past=0"."""
+    if warmup is True:
+        return "true"
+    if not isinstance(warmup, Mapping):
+        raise ArgumentValueError(
+            f"warmup: expected True, False or {{symbol: size}}, found {warmup!r}"
+        )
+    for key, size in warmup.items():
+        if not isinstance(key, str) or not _NAME.fullmatch(key):
+            raise ArgumentValueError(f"warmup: expected symbol names, found {key!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ArgumentValueError(f"warmup[{key!r}]: expected a size >= 0, found {size!r}")
+    return ",".join(f"{k}={v}" for k, v in warmup.items())
+
+
+def _warmup_value(text: str) -> bool | dict[str, int]:
+    """The parameter back (`_warmup_text`'s inverse)."""
+    if text == "true":
+        return True
+    sizes = {}
+    for item in text.split(","):
+        key, _, size = item.partition("=")
+        sizes[key] = int(size)
+    return sizes
 
 
 def _copy_model(src: Path, version: Path) -> None:
@@ -261,7 +302,15 @@ class TritonPythonModel:
         if device == "cuda" or args.get("model_instance_kind") == "GPU":
             device = f"cuda:{int(args.get('model_instance_device_id', 0))}"
         threads = int(params[P_THREADS]) if params.get(P_THREADS) else None
-        self.model = load_model(path, device=device, threads=threads)
+        warmup = _warmup_value(params[P_WARMUP]) if params.get(P_WARMUP) else False
+        self.model = load_model(
+            path,
+            device=device,
+            threads=threads,
+            max_batch_size=config.get("max_batch_size") or None,  # executors kept per size
+            runtime=params.get(P_RUNTIME, "kyanite"),
+            warmup=warmup,
+        )
         log.info("kyanite: %s on %s (%s)", path, device, args.get("model_instance_name"))
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:

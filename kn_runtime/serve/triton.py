@@ -162,14 +162,16 @@ def bind(
     *,
     name: str = "kyanite",
     max_batch_size: int = 16,
-    max_queue_delay_us: int = 1000,
+    max_queue_delay_us: int = 0,
     instances: int = 1,
 ) -> None:
     """Serve `model` as `name` on a PyTriton `Triton` (from `start`; bound to a running server
     the model loads at once, and a stub that cannot start raises here). Triton checks each
     request's dtypes and fixed sizes against the model's inputs before batching (a wrong one
     is rejected alone); dynamic batching gathers up to `max_batch_size` rows, waiting at most
-    `max_queue_delay_us`, and the callable answers them with one `run_batch`. A model whose
+    `max_queue_delay_us` (0, Triton's default: a free instance takes what is queued, and what
+    arrives while it runs queues for the next batch anyway; a wait is paid by every lone
+    request), and the callable answers them with one `run_batch`. A model whose
     requests cannot share an evaluation is bound without batching. `instances` callables share
     the model (its evaluations take turns; more instances overlap Triton's and NumPy's work).
     With more than one, PyTriton 0.7 now and then fails to load the model on a busy machine
@@ -320,7 +322,7 @@ def serve_forever(
     metrics_port: int | None = None,
     threads: int = 1,
     max_batch_size: int = 16,
-    max_queue_delay_us: int = 1000,
+    max_queue_delay_us: int = 0,
     instances: int = 1,
     device: str = "cpu",
     name: str = "kyanite",

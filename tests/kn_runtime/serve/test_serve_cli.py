@@ -18,6 +18,9 @@ TINY = str(ROOT / "kn_runtime" / "models" / "resnet_tiny.onnx")
         ([TINY, "--max-batch-size", "-1"], "--max-batch-size: expected a positive integer"),
         ([TINY, "--engine", "flask"], "invalid choice: 'flask'"),
         (["export-triton", TINY, "out", "--instances", "0"], "--instances: expected a positive"),
+        (["export-triton", TINY, "out", "--threads", "0"], "--threads: expected a positive"),
+        (["export-triton", TINY, "out", "--batch-wait-ms", "-1"], "expected a wait >= 0"),
+        ([TINY, "--engine", "triton", "--batch-wait-ms", "nan"], "expected a wait >= 0, found nan"),
         ([TINY, "--warmup", "seq"], "--warmup: expected SYMBOL=SIZE with a positive size"),
         ([TINY, "--warmup", "seq=0"], "found 'seq=0'"),
     ],
@@ -46,3 +49,17 @@ def test_warmup_reaches_the_engine(engine, flags, want, monkeypatch) -> None:
         monkeypatch.setattr(module, "serve_forever", lambda *a, **kw: seen.update(kw))
     assert main([TINY, "--engine", engine, *flags]) == 0
     assert seen["warmup"] == want
+
+
+def test_export_writes_the_flags_into_the_repository(tmp_path) -> None:
+    """`kn-serve export-triton`'s wait, threads and warm-up land in config.pbtxt."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    argv = ["export-triton", TINY, str(tmp_path), "--threads", "2", "--batch-wait-ms", "0.5"]
+    assert main([*argv, "--warmup", "seq=64"]) == 0
+    text = (tmp_path / "kyanite" / "config.pbtxt").read_text()
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert (params["kyanite_threads"], params["kyanite_warmup"]) == ("2", "seq=64")

@@ -6,6 +6,7 @@ only Kyanite can reject fails alone, with Kyanite's message. One server for the 
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -59,7 +60,8 @@ def test_config_parses_with_tritons_schema(tmp_path) -> None:
     [i], [o] = config.input, config.output
     assert (i.name, _type(i), list(i.dims)) == ("input", "TYPE_FP32", [3, 64, 64])
     assert (o.name, _type(o), list(o.dims)) == ("logits", "TYPE_FP32", [10])
-    assert config.dynamic_batching.max_queue_delay_microseconds == 1000
+    # no wait by default (Triton's own default): a lone request would pay it
+    assert config.dynamic_batching.max_queue_delay_microseconds == 0
     [group] = config.instance_group
     assert (group.count, group.kind) == (2, group.KIND_CPU)
     params = {k: v.string_value for k, v in config.parameters.items()}
@@ -106,15 +108,63 @@ def test_external_data_is_copied_beside_the_model(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "want"),
+    [
+        ({}, {"max_batch_size": 8, "runtime": "kyanite", "warmup": False, "threads": 1}),
+        (
+            {"runtime": "onnxruntime", "warmup": True, "threads": None},
+            {"max_batch_size": 8, "runtime": "onnxruntime", "warmup": True, "threads": None},
+        ),
+        (
+            {"warmup": {"seq": 128, "past_len": 0}, "threads": 3},
+            {"max_batch_size": 8, "warmup": {"seq": 128, "past_len": 0}, "threads": 3},
+        ),
+    ],
+)
+def test_model_py_loads_what_the_repository_says(tmp_path, monkeypatch, kwargs, want) -> None:
+    """`TritonPythonModel.initialize` reads config.pbtxt as Triton hands it over (the config as
+    JSON with the schema's field names) and loads the model with its batch cap (executors kept
+    per batch size), runtime, warm-up and threads."""
+    import json
+    import types
+
+    from google.protobuf import json_format
+
+    from kn_runtime.serve import loading
+    from kn_runtime.serve.repository import TritonPythonModel
+
+    folder = write_repository(TINY, tmp_path, max_batch_size=8, **kwargs)
+    config = _parse((folder / "config.pbtxt").read_text())
+    seen = {}
+    monkeypatch.setattr(loading, "load_model", lambda path, **kw: seen.update(kw, path=path))
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", types.ModuleType("pb"))
+    args = {
+        "model_config": json.dumps(
+            json_format.MessageToDict(config, preserving_proto_field_name=True)
+        ),
+        "model_repository": str(folder),
+        "model_version": "1",
+    }
+    TritonPythonModel().initialize(args)
+    assert seen["path"] == folder / "1" / "model.onnx"
+    assert {k: seen[k] for k in want} == want
+    assert seen["device"] == "cpu"
+
+
+@pytest.mark.parametrize(
     ("kwargs", "words"),
     [
         ({"name": "a/b"}, "name: expected letters"),
+        ({"runtime": "tvm"}, "runtime: expected kyanite or onnxruntime, found 'tvm'"),
+        ({"warmup": {"seq": -1}}, "warmup['seq']: expected a size >= 0, found -1"),
+        ({"warmup": {"a,b": 1}}, "warmup: expected symbol names, found 'a,b'"),
+        ({"warmup": 3}, "warmup: expected True, False or {symbol: size}, found 3"),
         ({"max_batch_size": 0}, "max_batch_size: expected a positive int"),
         ({"kind": "KIND_TPU"}, "kind: expected KIND_CPU or KIND_GPU"),
     ],
 )
 def test_bad_arguments_are_clear_errors(tmp_path, kwargs, words) -> None:
-    with pytest.raises(ArgumentValueError, match=words):
+    with pytest.raises(ArgumentValueError, match=re.escape(words)):
         write_repository(TINY, tmp_path, **kwargs)
 
 
