@@ -144,16 +144,25 @@ def start(
 # -- binding a model ----------------------------------------------------------------------------
 
 
+def _row_shape(spec: TensorSpec, batched: bool) -> tuple[int, ...]:
+    """The shape PyTriton declares: the batch axis left out when Triton batches, -1 for a
+    symbolic size."""
+    shape = spec.shape[1:] if batched and spec.batched else spec.shape
+    return tuple(-1 if d is None else d for d in shape)
+
+
 def _tensors(specs: Sequence[TensorSpec], batched: bool) -> list[Any]:
+    """PyTriton's tensors. Triton refuses empty dims and PyTriton has no `reshape`: a scalar
+    per row (an output [B], a scalar input) is declared [1], and `_callable` adds or drops that
+    axis (`_scalars`)."""
     from pytriton.model_config import Tensor
 
-    out = []
-    for s in specs:
-        shape = s.shape[1:] if batched and s.batched else s.shape
-        out.append(
-            Tensor(name=s.name, dtype=s.dtype, shape=tuple(-1 if d is None else d for d in shape))
-        )
-    return out
+    return [Tensor(name=s.name, dtype=s.dtype, shape=_row_shape(s, batched) or (1,)) for s in specs]
+
+
+def _scalars(specs: Sequence[TensorSpec], batched: bool) -> frozenset[str]:
+    """The tensors `_tensors` declares [1] for a scalar per row."""
+    return frozenset(s.name for s in specs if not _row_shape(s, batched))
 
 
 def bind(
@@ -301,15 +310,28 @@ def _callable(model: BatchedModel) -> Any:
     axis) in, their outputs out, from one `run_batch`. PyTriton answers a callable that raises
     with one error for every request of the call; the message names the failing requests."""
 
+    scalar_in = _scalars(model.inputs, model.batchable)
+    scalar_out = _scalars(model.outputs, model.batchable)
+
+    def request(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for n in scalar_in & data.keys():  # [rows, 1] or [1] as declared -> [rows] or []
+            a = data[n]
+            if a.ndim and a.shape[-1] == 1:
+                data[n] = a.reshape(a.shape[:-1])
+        return data
+
+    def answer(out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {n: v[..., None] if n in scalar_out else v for n, v in out.items()}
+
     def infer(requests: Sequence[Any]) -> list[dict[str, np.ndarray]]:
-        results = model.run_batch([dict(r.data) for r in requests], return_exceptions=True)
+        results = model.run_batch([request(dict(r.data)) for r in requests], return_exceptions=True)
         failed = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
         if failed:  # the cause's traceback would only lengthen what every client reads
             detail = "; ".join(
                 f"request {i + 1} of {len(results)}: {type(e).__name__}: {e}" for i, e in failed
             )
             raise RequestError(detail) from None
-        return results
+        return [answer(r) for r in results]
 
     return infer
 

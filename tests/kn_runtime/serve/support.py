@@ -98,6 +98,23 @@ def add_model(path: Path) -> Path:
     return path
 
 
+def row_sum_model(path: Path) -> Path:
+    """`y = sum(x, axis 1) + s` with `x [batch, width]`, `s [batch]`, `y [batch]`: a scalar per
+    row in and out, which Triton cannot declare with empty dims."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "width"])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch"])
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0, axes=[1]),
+        helper.make_node("Add", ["r", "s"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "row_sum", [x, s], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
 @functools.cache
 def tiny_reference() -> Callable[[np.ndarray], np.ndarray]:
     """The tiny ResNet's logits for one request, evaluated alone on Device.cpu()."""

@@ -22,6 +22,7 @@ from tests.kn_runtime.serve.support import (
     TINY,
     add_model,
     free_ports,
+    row_sum_model,
     tiny_reference,
 )
 from tests.paths import ROOT
@@ -55,6 +56,8 @@ def server(tmp_path_factory):
     try:
         kt.bind(triton, model, max_batch_size=MAX_BATCH, max_queue_delay_us=20_000)
         kt.bind(triton, add, name="add", max_batch_size=MAX_BATCH)
+        row_sum = load_model(row_sum_model(tmp_path_factory.mktemp("rs") / "rs.onnx"))
+        kt.bind(triton, row_sum, name="row_sum", max_batch_size=MAX_BATCH)
         yield f"localhost:{http_port}", f"localhost:{grpc_port}", seen
     finally:
         triton.stop()
@@ -87,6 +90,25 @@ def test_answers_equal_cpu_eval(server, protocol, rows) -> None:
     with client:
         got = _infer(tc, client, x)
     np.testing.assert_allclose(got, reference(x), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_scalar_per_row_is_declared_one_wide(server, protocol) -> None:
+    """Triton refuses empty dims: `s [batch]` and `y [batch]` are declared [1]; the client sends
+    s as [rows, 1] and gets y as [rows, 1], the sums of its own rows."""
+    tc, client = _client(server, protocol)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    s = rng.standard_normal((3, 1)).astype(np.float32)
+    inputs = []
+    for name, a in (("x", x), ("s", s)):
+        i = tc.InferInput(name, list(a.shape), "FP32")
+        i.set_data_from_numpy(a)
+        inputs.append(i)
+    with client:
+        y = client.infer("row_sum", inputs).as_numpy("y")
+    assert y.shape == (3, 1)
+    np.testing.assert_allclose(y, x.sum(axis=1, keepdims=True) + s, rtol=1e-6, atol=1e-6)
 
 
 def test_metadata_folds_the_batch_axis_into_max_batch_size(server) -> None:
