@@ -2,12 +2,13 @@
 repository for a Triton server of your own.
 
     kn-serve model.onnx --engine ray --replicas 2 --port 8000      # Ray Serve (extra serve-ray)
-    kn-serve model.onnx --engine triton --port 8000 --grpc-port 8001   # PyTriton (serve-triton)
+    kn-serve model.onnx --engine triton --replicas 2   # inside Triton's server (serve-triton)
+    kn-serve model.onnx --engine pytriton   # the model in this process, bound through PyTriton
     kn-serve bert.onnx --warmup seq=128   # plan batch sizes 1-16 at 128 tokens before serving
     kn-serve export-triton model.onnx repo/ --max-batch-size 16    # a model repository
     kn-serve generate [FOLDER] --engine ray --port 8000   # an LLM folder (default: the tiny LLM)
     kn-serve generate [FOLDER] --engine triton --grpc-port 8001   # decoupled, streamed over gRPC
-    kn-serve triton-stub-env [DIR]        # NumPy 2 here: the environment PyTriton's stub needs
+    kn-serve triton-stub-env [DIR]   # NumPy 2 here: the environment PyTriton's binding needs
 
 Requests: JSON, `.npy` or `.npz` bodies (`kn_runtime.serve.codec`) on Ray; the KServe v2
 protocol (tritonclient, HTTP and gRPC) on Triton; for `generate`, JSON `{"prompt": ...,
@@ -32,10 +33,22 @@ GENERATE = "generate"
 def build_parser() -> OneLineParser:
     ap = OneLineParser(prog="kn-serve", description=__doc__.split("\n")[0])
     ap.add_argument("model", type=Path, help="an ONNX file")
-    ap.add_argument("--engine", choices=["ray", "triton"], default="ray")
+    ap.add_argument(
+        "--engine",
+        choices=["ray", "triton", "pytriton"],
+        default="ray",
+        help="ray: a Serve deployment; triton: the model inside the Triton server PyTriton's "
+        "wheel carries (a model repository); pytriton: the model in this process, bound "
+        "through PyTriton",
+    )
     ap.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     ap.add_argument("--grpc-port", type=int, default=8001, help="Triton's gRPC port (8001)")
-    ap.add_argument("--replicas", type=int, default=1, help="Ray: replicas (default 1)")
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="Ray: replicas; triton: instances, each a process of its own (default 1)",
+    )
     ap.add_argument("--address", default=None, help="Ray: a running cluster (default: local)")
     ap.add_argument(
         "--host", default="127.0.0.1", help="Ray: where HTTP listens (0.0.0.0: every interface)"
@@ -238,6 +251,11 @@ def run(argv: list[str]) -> None:
     else:
         from kn_runtime.serve.triton import serve_forever as triton_forever
 
+        if args.engine == "pytriton" and args.replicas > 1:
+            raise CliError(
+                "--replicas: PyTriton's instances share one model in this process; "
+                "--engine triton runs instances that evaluate in parallel"
+            )
         triton_forever(
             args.model,
             http_port=args.port,
@@ -245,8 +263,10 @@ def run(argv: list[str]) -> None:
             threads=args.threads,
             max_batch_size=args.max_batch_size,
             max_queue_delay_us=_wait_us(args.batch_wait_ms),
+            instances=args.replicas,
             device=args.device,
             warmup=warmup,
+            in_process=args.engine == "pytriton",
         )
 
 

@@ -119,12 +119,19 @@ def config_text(
     max_queue_delay_us: int = 0,
     kind: str = "KIND_CPU",
     parameters: dict[str, str] | None = None,
+    gpus: Sequence[int] | None = None,
 ) -> str:
     """The `config.pbtxt` of a model served by the Python backend. A model whose requests cannot
     share an evaluation (`model.batchable` is False) gets `max_batch_size: 0` and its full shapes:
-    Triton then hands each request over as it came."""
+    Triton then hands each request over as it came. `gpus` (KIND_GPU): the GPUs that get
+    `instances` each (None: every GPU)."""
     if kind not in ("KIND_CPU", "KIND_GPU"):
         raise ArgumentValueError(f"kind: expected KIND_CPU or KIND_GPU, found {kind!r}")
+    if gpus is not None:
+        if kind != "KIND_GPU":
+            raise ArgumentValueError(f"gpus: only with kind KIND_GPU, found kind {kind}")
+        if not gpus or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
+            raise ArgumentValueError(f"gpus: expected GPU indices >= 0, found {list(gpus)!r}")
     for value, what in ((max_batch_size, "max_batch_size"), (instances, "instances")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ArgumentValueError(f"{what}: expected a positive int, found {value!r}")
@@ -148,7 +155,8 @@ def config_text(
     ]
     if batched and dynamic_batching:
         lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}")
-    lines.append(f"instance_group [ {{ count: {instances} kind: {kind} }} ]")
+    placed = "" if gpus is None else f" gpus: [ {', '.join(str(g) for g in gpus)} ]"
+    lines.append(f"instance_group [ {{ count: {instances} kind: {kind}{placed} }} ]")
     for key, text in (parameters or {}).items():
         lines.append(
             f"parameters {{ key: {_quoted(key, 'parameter')} "
@@ -172,6 +180,7 @@ def write_repository(
     python_path: str | os.PathLike[str] | None = None,
     runtime: str = "kyanite",
     warmup: bool | Mapping[str, int] = False,
+    gpus: Sequence[int] | None = None,
 ) -> Path:
     """Write (or overwrite) `out_dir/<name>/` and return that folder. The model is loaded here
     once, for its inputs and outputs (and to fail now, not in the server, on a model Kyanite
@@ -183,7 +192,8 @@ def write_repository(
     puts an onnxruntime session behind the same model.py (the peer, as `load_model` does).
     `warmup` (True, or the sizes of the model's other symbols, `{"seq": 128}`): each instance
     plans every batch size up to `max_batch_size` when Triton loads it, before its first
-    request (`load_model(warmup=...)`)."""
+    request (`load_model(warmup=...)`). `gpus`: with KIND_GPU, the GPUs that get `instances`
+    each (None: every GPU)."""
     from kn_graph.onnx import load_onnx
     from kn_runtime.device import Device
 
@@ -215,6 +225,7 @@ def write_repository(
         max_queue_delay_us=max_queue_delay_us,
         kind=kind,
         parameters=params,
+        gpus=gpus,
     )
     folder = Path(out_dir) / name
     version = folder / "1"

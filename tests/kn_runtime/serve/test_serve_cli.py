@@ -21,6 +21,7 @@ TINY = str(ROOT / "kn_runtime" / "models" / "resnet_tiny.onnx")
         (["export-triton", TINY, "out", "--threads", "0"], "--threads: expected a positive"),
         (["export-triton", TINY, "out", "--batch-wait-ms", "-1"], "expected a wait >= 0"),
         ([TINY, "--engine", "triton", "--batch-wait-ms", "nan"], "expected a wait >= 0, found nan"),
+        ([TINY, "--engine", "pytriton", "--replicas", "2"], "share one model in this process"),
         ([TINY, "--warmup", "seq"], "--warmup: expected SYMBOL=SIZE with a positive size"),
         ([TINY, "--warmup", "seq=0"], "found 'seq=0'"),
     ],
@@ -36,7 +37,7 @@ def test_bad_arguments_are_one_line_and_status_2(argv, words, capsys) -> None:
     assert words in err and err.startswith("kn-serve") and "\n" not in err
 
 
-@pytest.mark.parametrize("engine", ["ray", "triton"])
+@pytest.mark.parametrize("engine", ["ray", "triton", "pytriton"])
 @pytest.mark.parametrize(
     ("flags", "want"), [([], False), (["--warmup"], True), (["--warmup", "seq=128"], {"seq": 128})]
 )
@@ -49,6 +50,8 @@ def test_warmup_reaches_the_engine(engine, flags, want, monkeypatch) -> None:
         monkeypatch.setattr(module, "serve_forever", lambda *a, **kw: seen.update(kw))
     assert main([TINY, "--engine", engine, *flags]) == 0
     assert seen["warmup"] == want
+    if engine != "ray":  # triton: inside the server; pytriton: bound in this process
+        assert seen["in_process"] is (engine == "pytriton")
 
 
 def test_export_writes_the_flags_into_the_repository(tmp_path) -> None:

@@ -26,7 +26,9 @@ from tests.kn_runtime.serve.support import (
     RTOL,
     TINY,
     add_model,
+    cli_command,
     free_ports,
+    stop_by_ctrl_c,
     tiny_reference,
     wait_ready,
 )
@@ -151,10 +153,18 @@ def test_model_py_loads_what_the_repository_says(tmp_path, monkeypatch, kwargs, 
     assert seen["device"] == "cpu"
 
 
+def test_gpus_place_the_instances(tmp_path) -> None:
+    folder = write_repository(TINY, tmp_path, kind="KIND_GPU", instances=2, gpus=[1])
+    [group] = _parse((folder / "config.pbtxt").read_text()).instance_group
+    assert (group.count, group.kind, list(group.gpus)) == (2, group.KIND_GPU, [1])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
         ({"name": "a/b"}, "name: expected letters"),
+        ({"gpus": [0]}, "gpus: only with kind KIND_GPU, found kind KIND_CPU"),
+        ({"gpus": [-1], "kind": "KIND_GPU"}, "gpus: expected GPU indices >= 0, found [-1]"),
         ({"runtime": "tvm"}, "runtime: expected kyanite or onnxruntime, found 'tvm'"),
         ({"warmup": {"seq": -1}}, "warmup['seq']: expected a size >= 0, found -1"),
         ({"warmup": {"a,b": 1}}, "warmup: expected symbol names, found 'a,b'"),
@@ -287,3 +297,53 @@ def test_repository_rejects_a_wrong_dtype_clearly(server) -> None:
         ),
     ):
         client.infer("kyanite", [i])
+
+
+def test_kn_serve_triton_runs_the_model_inside_the_server(tmp_path) -> None:
+    """`kn-serve model.onnx --engine triton --replicas 2` as a user starts it: a repository on
+    the bundled server with an instance group of two, answers equal to `Device.cpu()` over HTTP
+    and gRPC, Ctrl-C stops it and the server with it (its ports are free again)."""
+    import time
+
+    import tritonclient.http as th
+
+    from kn_runtime.serve.triton import _check_ports
+
+    http_port, grpc_port = free_ports(2)
+    cmd = cli_command("kn_runtime.serve.cli", str(TINY), "--engine", "triton", "--replicas", "2")
+    cmd += ["--port", str(http_port), "--grpc-port", str(grpc_port), "--warmup"]
+    log = tmp_path / "kn-serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        client = th.InferenceServerClient(f"localhost:{http_port}")
+        wait_ready(client, "kyanite", lambda: proc.poll() is None, log=log)
+        deadline = time.monotonic() + 30  # the log line follows the readiness kn-serve polls
+        while "inside Triton" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "serving" in log.read_text() and "inside Triton" in log.read_text()
+        [group] = client.get_model_config("kyanite")["instance_group"]
+        assert group["count"] == 2 and group["kind"] == "KIND_CPU"
+        client.close()
+        x = np.random.default_rng(4).standard_normal((2, 3, 64, 64)).astype(np.float32)
+        for protocol in ("http", "grpc"):
+            tc, client = _client((f"localhost:{http_port}", f"localhost:{grpc_port}"), protocol)
+            with client:
+                got = client.infer("kyanite", _inputs(tc, input=x)).as_numpy("logits")
+            np.testing.assert_allclose(got, tiny_reference()(x), rtol=RTOL, atol=ATOL)
+    finally:
+        code = stop_by_ctrl_c(proc, 90, log.read_text)
+    assert code in (0, 130), log.read_text()[-3000:]
+    _check_ports({"http": http_port, "grpc": grpc_port})  # raises while a server holds them
+
+
+def test_a_server_that_exits_before_ready_is_an_error_with_its_log(tmp_path) -> None:
+    from kn_runtime.serve.triton import TritonUnavailableError, _wait_ready
+
+    server_log = tmp_path / "log"
+    server_log.write_text("E1204 model 'kyanite' failed to load: no such backend\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    with pytest.raises(TritonUnavailableError, match="status 3 before 'kyanite' was ready") as e:
+        _wait_ready(proc, free_ports(1)[0], "kyanite", server_log, 60)
+    assert "failed to load: no such backend" in str(e.value)
