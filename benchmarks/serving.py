@@ -1,9 +1,9 @@
-"""Serving on Ray Serve: the HTTP path's overhead, what dynamic batching gains, what a second
+"""Serving on Ray Serve and Triton: the HTTP path's overhead, what dynamic batching gains, what a second
 replica gains; Kyanite and onnxruntime behind the same server code (`kn_runtime.serve`), side by
 side in one run.
 
     .venv/bin/python benchmarks/serving.py [--cache /work/bigmodels] [--seconds 8] [-k resnet50]
-        [--engine ray|triton] [--ingress proxy|haproxy]
+        [--engine ray|triton|pytriton] [--ingress proxy|haproxy]
 
 Replicas plan every batch size when they start (`--no-warmup`: they plan as sizes come).
 Models: ResNet-50 (`.npy` bodies of one 224x224 image) and BERT-base (`.npz` bodies, one sequence
@@ -21,24 +21,34 @@ benchmarks/_serving_models.py under a venv with torch (`--torch-python`, default
   (no wait: `--batch-wait-ms`) or 1: requests/s, counted after `--seconds` of the same load,
   and the batched replica's mean requests per evaluation (`rows`, from GET /metadata);
 - `c=16 2 replicas`: 16 clients, two replicas of 1 thread each, batched: requests/s.
-`--engine triton`: PyTriton's Triton server over HTTP (tritonclient), c=1 latency and c=16
-requests/s with dynamic batching (max batch 16), per runtime; compare its c=1 p50 with the Ray
-run's direct p50. Clients keep their connection alive (http.client), each sends `--seconds` worth of requests after
-a warm-up. A local Ray instance with 2 CPUs; the clients, the proxy and the replicas share the
+`--engine triton`: the same table through a Triton server: a model repository
+(`write_repository`, Kyanite or onnxruntime inside the Python backend's stub) on the
+`tritonserver` PyTriton bundles; `unbatched` is a model without dynamic batcher, `2 replicas` an
+instance group of two. `--engine pytriton`: the model in this process bound through PyTriton
+(`kn-serve --engine triton`), no `2 replicas`. Requests are KServe v2 binary bodies; `outside` /
+`handler` there come from Triton's statistics extension: latency minus Triton's time for the
+request, and Triton's time for the same body sent to a model that does almost nothing with it
+minus that model's direct evaluation. Clients keep their connection alive
+(http.client), each sends `--seconds` worth of requests after a warm-up. A local Ray instance with 2 CPUs; the clients, the proxy and the replicas share the
 machine's cores, as they would on one node.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import io
 import json
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PORT = 8765
+_TRITON_TYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
 MODELS = {"resnet50": "serve_resnet50.onnx", "bert_base": "serve_bert_base.onnx"}
 
 
@@ -63,16 +74,48 @@ def _body(name: str) -> tuple[bytes, str, dict[str, np.ndarray]]:
     return buf.getvalue(), "application/x-npz", inputs
 
 
-def _post(conn: http.client.HTTPConnection, body: bytes, ctype: str) -> float:
-    return _post_timed(conn, body, ctype)[0]
+Req = tuple[str, bytes, dict[str, str]]
+"""A request as the client sends it: path, body, headers."""
 
 
-def _post_timed(
-    conn: http.client.HTTPConnection, body: bytes, ctype: str
-) -> tuple[float, dict[str, float]]:
-    """Seconds to the answer, and the replica's Server-Timing phases (seconds)."""
+def _ray_request(body: bytes, ctype: str) -> Req:
+    return "/", body, {"Content-Type": ctype}
+
+
+def _kserve_request(model: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> Req:
+    """KServe v2's binary tensor extension (what tritonclient sends with `binary_data=True`): a
+    JSON header, then the tensors' bytes; outputs asked back as bytes."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": n,
+                    "shape": list(a.shape),
+                    "datatype": _TRITON_TYPES[a.dtype],
+                    "parameters": {"binary_data_size": a.nbytes},
+                }
+                for n, a in inputs.items()
+            ],
+            "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in outputs],
+        }
+    ).encode()
+    body = header + b"".join(np.ascontiguousarray(a).tobytes() for a in inputs.values())
+    heads = {
+        "Inference-Header-Content-Length": str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
+    return f"/v2/models/{model}/infer", body, heads
+
+
+def _post(conn: http.client.HTTPConnection, req: Req) -> float:
+    return _post_timed(conn, req)[0]
+
+
+def _post_timed(conn: http.client.HTTPConnection, req: Req) -> tuple[float, dict[str, float]]:
+    """Seconds to the answer, and the replica's Server-Timing phases (seconds; Ray only)."""
+    path, body, heads = req
     t = time.perf_counter()
-    conn.request("POST", "/", body, {"Content-Type": ctype})
+    conn.request("POST", path, body, heads)
     r = conn.getresponse()
     data = r.read()
     took = time.perf_counter() - t
@@ -96,14 +139,14 @@ def _served() -> dict[str, int]:
         conn.close()
 
 
-def _ready(body: bytes, ctype: str, timeout: float = 60.0) -> None:
+def _ready(req: Req, timeout: float = 60.0, port: int = PORT) -> None:
     """Wait until the application answers 200 (HAProxy takes the replicas up a moment after
-    `serve.run` returns: 503 meanwhile)."""
+    `serve.run` returns: 503 meanwhile; Triton loads its models)."""
     end = time.monotonic() + timeout
     while True:
-        conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=60)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         try:
-            _post(conn, body, ctype)
+            _post(conn, req)
             return
         except (OSError, RuntimeError):
             if time.monotonic() > end:
@@ -114,26 +157,37 @@ def _ready(body: bytes, ctype: str, timeout: float = 60.0) -> None:
 
 
 def _latency(
-    body: bytes, ctype: str, seconds: float, direct: object, inputs: dict[str, np.ndarray]
+    req: Req,
+    seconds: float,
+    direct: object,
+    inputs: dict[str, np.ndarray],
+    port: int = PORT,
+    server_time: Callable[[], float] | None = None,
 ) -> tuple[list[float], list[float], list[float], list[float]]:
     """Seconds per request over HTTP and per direct `run` in this process, taking turns (the
     VM's speed drifts between runs minutes apart; the overhead is measured in one window); and
     per request, from its Server-Timing: the time outside the replica's handler (client,
     proxy, connection, the server's HTTP parsing) and the handler's own time besides the
-    evaluation (read, decode, queue, encode)."""
-    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=120)
+    evaluation (read, decode, queue, encode). `server_time` (Triton), asked after each request,
+    not timed: the server's own time for it; `outside` is the rest, `handler` that time."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     for _ in range(3):
-        _post(conn, body, ctype)
+        _post(conn, req)
     times: list[float] = []
     direct_times: list[float] = []
     outside: list[float] = []
     handler: list[float] = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or len(times) < 20:
-        took, phases = _post_timed(conn, body, ctype)
+        took, phases = _post_timed(conn, req)
         times.append(took)
-        outside.append(took - sum(phases.values()))
-        handler.append(sum(phases.values()) - phases.get("eval", 0.0))
+        if server_time is not None:
+            inside = server_time()
+            outside.append(took - inside)
+            handler.append(inside)
+        else:
+            outside.append(took - sum(phases.values()))
+            handler.append(sum(phases.values()) - phases.get("eval", 0.0))
         t = time.perf_counter()
         direct.run(inputs)  # type: ignore[attr-defined]
         direct_times.append(time.perf_counter() - t)
@@ -141,7 +195,7 @@ def _latency(
     return times, direct_times, outside, handler
 
 
-def _throughput(body: bytes, ctype: str, seconds: float, clients: int = 16) -> float:
+def _throughput(req: Req, seconds: float, clients: int = 16, port: int = PORT) -> float:
     """Requests per second of `clients` concurrent clients over `seconds`, after as long a load
     that is not counted: a batching replica meets a new batch size now and then for a while,
     and the first evaluation at a size plans and compiles (BERT-base at 16 rows: 2.5 s once), a
@@ -154,13 +208,13 @@ def _throughput(body: bytes, ctype: str, seconds: float, clients: int = 16) -> f
 
     def client(i: int) -> None:
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=300)
-            _post(conn, body, ctype)  # warm: connection, replica, binding
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+            _post(conn, req)  # warm: connection, replica, binding
             while time.perf_counter() < warm_until:  # and the batch sizes the load makes
-                _post(conn, body, ctype)
+                _post(conn, req)
             start.wait()
             while not stop.is_set():
-                _post(conn, body, ctype)
+                _post(conn, req)
                 done[i] += 1
             conn.close()
         except BaseException as exc:
@@ -185,68 +239,166 @@ def _pct(times: list[float], q: float) -> float:
     return float(np.percentile(np.array(times) * 1e3, q))
 
 
-_TRITON_TYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
+TRITON_PORT = PORT + 10
+PROBE = "probe"
+TRITON_MODELS = {"c=16 batched": "batched", "c=16 unbatched": "unbatched", "c=16 2 replicas": "two"}
+"""Per row of the table, the model Triton serves it from (c=1 asks `batched`)."""
 
 
-def _triton_call(client: object, inputs: dict[str, np.ndarray]) -> float:
-    import tritonclient.http as th
+def _probe_model(path: Path, out: Path) -> Path:
+    """A model with `path`'s inputs and almost no work (the mean of the first input per row):
+    the time Triton spends on its requests, less its evaluation, is the handler's share of the
+    overhead, which the big model's evaluation (80-300 ms, drifting by milliseconds from one
+    call to the next here) hides."""
+    import onnx
+    from onnx import TensorProto, helper
 
-    ins = []
-    for name, a in inputs.items():
-        t = th.InferInput(name, list(a.shape), _TRITON_TYPES[a.dtype])
-        t.set_data_from_numpy(a, binary_data=True)
-        ins.append(t)
-    t0 = time.perf_counter()
-    client.infer("kyanite", ins)  # type: ignore[attr-defined]
-    return time.perf_counter() - t0
-
-
-def _triton_measure(url: str, inputs: dict[str, np.ndarray], seconds: float) -> tuple:
-    """p50 and p99 (ms) at concurrency 1, then requests/s with 16 clients."""
-    import tritonclient.http as th
-
-    client = th.InferenceServerClient(url)
-    for _ in range(3):
-        _triton_call(client, inputs)
-    times: list[float] = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or len(times) < 20:
-        times.append(_triton_call(client, inputs))
-    done = [0] * 16
-    stop = threading.Event()
-
-    def worker(i: int) -> None:
-        c = th.InferenceServerClient(url)
-        while not stop.is_set():
-            _triton_call(c, inputs)
-            done[i] += 1
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    return _pct(times, 50), _pct(times, 99), sum(done) / (time.perf_counter() - t0)
+    inputs = list(onnx.load(str(path), load_external_data=False).graph.input)
+    rank = len(inputs[0].type.tensor_type.shape.dim)
+    batch = inputs[0].type.tensor_type.shape.dim[0].dim_param or "batch"
+    nodes = [
+        helper.make_node("Cast", [inputs[0].name], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceMean", ["f"], ["probe"], axes=list(range(1, rank)), keepdims=0),
+    ]
+    y = helper.make_tensor_value_info("probe", TensorProto.FLOAT, [batch])
+    model = helper.make_model(
+        helper.make_graph(nodes, "probe", inputs, [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    onnx.save(model, out)
+    return out
 
 
-def _triton(path: Path, inputs: dict[str, np.ndarray], seconds: float) -> list[tuple]:
-    """The same through PyTriton's Triton server (HTTP, tritonclient): p50/p99 at concurrency 1
-    and requests/s at 16 with dynamic batching, for each runtime."""
+def _triton_stats(model: str) -> dict[str, int]:
+    """Triton's statistics extension: requests, executions, and successful requests with their
+    summed time in the server (from arrival to response, queue and backend included)."""
+    conn = http.client.HTTPConnection("127.0.0.1", TRITON_PORT, timeout=60)
+    try:
+        conn.request("GET", f"/v2/models/{model}/stats")
+        [m] = json.loads(conn.getresponse().read())["model_stats"]
+    finally:
+        conn.close()
+    ok = m["inference_stats"]["success"]
+    return {
+        "requests": m["inference_count"],
+        "batches": m["execution_count"],
+        "n": ok["count"],
+        "ns": ok["ns"],
+    }
+
+
+@contextlib.contextmanager
+def _triton_server(
+    engine: str, path: Path, probe: Path, runtime: str, warmup: bool | dict[str, int]
+) -> Iterator[list[str]]:
+    """A Triton server on TRITON_PORT with the models of TRITON_MODELS it can serve; yields
+    their names. `triton`: a repository (`write_repository`, model.py running the model inside
+    the Python backend's stub) on the bundled `tritonserver`: `batched` (dynamic batching, no
+    wait), `unbatched` (no dynamic batcher: one request per execution), `two` (two instances
+    of 1 thread). `pytriton`: `kn-serve --engine triton`'s way, the model in this process
+    bound through PyTriton: `batched` and `unbatched` (max batch 1); PyTriton's instances share
+    one model, so no `two`. Both serve `probe` too (`_probe_model`)."""
+    if engine == "triton":  # and `probe` (_probe_model)
+        from kn_runtime.serve.repository import write_repository
+        from kn_runtime.serve.triton import launch_repository
+
+        repo = Path(tempfile.mkdtemp(prefix="kn-bench-repo-"))
+        common = dict(copy_model=False, threads=1, runtime=runtime, warmup=warmup)
+        write_repository(path, repo, name="batched", **common)
+        write_repository(path, repo, name="unbatched", dynamic_batching=False, **common)
+        write_repository(path, repo, name="two", instances=2, **common)
+        write_repository(probe, repo, name=PROBE, copy_model=False, threads=1, runtime=runtime)
+        with (repo / "server.log").open("wb") as log:
+            proc = launch_repository(
+                repo, http_port=TRITON_PORT, grpc_port=TRITON_PORT + 1, stdout=log
+            )
+        try:
+            yield [*TRITON_MODELS.values(), PROBE]
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(repo, ignore_errors=True)
+        return
     from kn_runtime.serve import load_model
     from kn_runtime.serve.triton import bind, start
 
-    rows = []
-    for runtime in ("kyanite", "onnxruntime"):
-        triton = start(http_port=PORT + 10, grpc_port=PORT + 11)
-        try:
-            bind(triton, load_model(path, threads=1, runtime=runtime), max_batch_size=16)
-            rows.append((runtime, *_triton_measure(f"127.0.0.1:{PORT + 10}", inputs, seconds)))
-        finally:
-            triton.stop()
-    return rows
+    triton = start(http_port=TRITON_PORT, grpc_port=TRITON_PORT + 1)
+    try:
+        model = load_model(path, threads=1, runtime=runtime, max_batch_size=16, warmup=warmup)
+        bind(triton, model, name="batched", max_batch_size=16)
+        bind(triton, model, name="unbatched", max_batch_size=1)
+        bind(triton, load_model(probe, threads=1, runtime=runtime), name=PROBE)
+        yield ["batched", "unbatched", PROBE]
+    finally:
+        triton.stop()
+
+
+def _server_time(model: str) -> Callable[[], float]:
+    """Seconds Triton spent on `model`'s requests since the last call (its statistics)."""
+    last = [_triton_stats(model)["ns"]]
+
+    def since() -> float:
+        now = _triton_stats(model)["ns"]
+        took, last[0] = (now - last[0]) / 1e9, now
+        return took
+
+    return since
+
+
+def _triton_row(
+    engine: str, path: Path, runtime: str, inputs: dict[str, np.ndarray], seconds: float,
+    warmup: bool | dict[str, int],
+) -> dict[str, float]:  # fmt: skip
+    """The Ray table's row through Triton, with the same client (http.client, keep-alive, KServe
+    v2 binary bodies). `outside`: p50 of each request's latency minus Triton's time for it (its
+    statistics, asked after each request); `handler`: the same requests to `probe`, p50 of
+    Triton's time for them minus the p50 of their direct evaluation (queue, the backend's stub,
+    model.py and our checks besides the evaluation)."""
+    from kn_runtime.serve import load_model
+
+    row: dict[str, float] = {}
+    direct = load_model(path, threads=1, runtime=runtime)
+    for _ in range(3):
+        direct.run(inputs)
+    outputs = direct.output_names
+    probe_path = _probe_model(path, Path(tempfile.mkdtemp(prefix="kn-bench-")) / "probe.onnx")
+    with _triton_server(engine, path, probe_path, runtime, warmup) as names:
+        for m in names:
+            asked = ["probe"] if m == PROBE else outputs
+            _ready(_kserve_request(m, inputs, asked), timeout=900, port=TRITON_PORT)
+        req = _kserve_request("batched", inputs, outputs)
+        times, direct_times, outside, _ = _latency(
+            req, seconds, direct, inputs, port=TRITON_PORT, server_time=_server_time("batched")
+        )
+        del direct
+        row["http p50"], row["http p99"] = _pct(times, 50), _pct(times, 99)
+        row["direct p50"], row["direct p99"] = _pct(direct_times, 50), _pct(direct_times, 99)
+        row["outside"] = _pct(outside[1:], 50)  # the first holds the warm-up requests too
+        probe = load_model(probe_path, threads=1)
+        _, probe_times, _, inside = _latency(
+            _kserve_request(PROBE, inputs, ["probe"]),
+            min(seconds, 3.0),
+            probe,
+            inputs,
+            port=TRITON_PORT,
+            server_time=_server_time(PROBE),
+        )
+        row["handler"] = _pct(inside[1:], 50) - _pct(probe_times, 50)
+        for label, m in TRITON_MODELS.items():
+            if m not in names:
+                row[label] = row[label + " rows"] = float("nan")
+                continue
+            before = _triton_stats(m)
+            row[label] = _throughput(_kserve_request(m, inputs, outputs), seconds, port=TRITON_PORT)
+            after = _triton_stats(m)
+            row[label + " rows"] = (after["requests"] - before["requests"]) / max(
+                1, after["batches"] - before["batches"]
+            )
+            print(f"{path.name} {runtime} {label} done", file=sys.stderr, flush=True)
+    return row
 
 
 def main() -> None:
@@ -255,7 +407,7 @@ def main() -> None:
     ap.add_argument("--torch-python", type=Path, default=Path("/work/venv-fx/bin/python"))
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("-k", dest="only", action="append", choices=list(MODELS))
-    ap.add_argument("--engine", choices=["ray", "triton"], default="ray")
+    ap.add_argument("--engine", choices=["ray", "triton", "pytriton"], default="ray")
     ap.add_argument("--runtime", action="append", choices=["kyanite", "onnxruntime"])
     ap.add_argument(
         "--batch-wait-ms", type=float, default=0.0, help="batch_wait_timeout_s of the replicas"
@@ -276,14 +428,17 @@ def main() -> None:
             [str(args.torch_python), str(ROOT / "benchmarks" / "_serving_models.py"), args.cache],
             check=True,
         )
-    if args.engine == "triton":
-        print("| model | runtime | Triton HTTP c=1 p50/p99 ms | c=16 batched req/s |")
-        print("|---|---|---|---|")
+    if args.engine != "ray":
+        rows = []
         for name in args.only or list(MODELS):
-            for runtime, p50, p99, rate in _triton(
-                args.cache / MODELS[name], _body(name)[2], args.seconds
-            ):
-                print(f"| {name} | {runtime} | {p50:.1f} / {p99:.1f} | {rate:.1f} |", flush=True)
+            warmup = args.warmup and ({"seq": 128} if name == "bert_base" else True)
+            for runtime in args.runtime or ("kyanite", "onnxruntime"):
+                row = _triton_row(
+                    args.engine, args.cache / MODELS[name], runtime, _body(name)[2],
+                    args.seconds, warmup,
+                )  # fmt: skip
+                rows.append((name, runtime, row))
+        _table(rows, f"engine: {args.engine} (outside / handler: from Triton's statistics)")
         return
     import ray
     from ray import serve
@@ -299,6 +454,7 @@ def main() -> None:
         for name in args.only or list(MODELS):
             path = args.cache / MODELS[name]
             body, ctype, inputs = _body(name)
+            req = _ray_request(body, ctype)
             for runtime in args.runtime or ("kyanite", "onnxruntime"):
                 row: dict[str, float] = {}
                 direct = load_model(path, threads=1, runtime=runtime)
@@ -321,10 +477,10 @@ def main() -> None:
                         warmup=args.warmup and ({"seq": 128} if name == "bert_base" else True),
                     )
                     serve.run(app, route_prefix="/", name="bench")
-                    _ready(body, ctype)
+                    _ready(req)
                     if label == "c=1":  # direct calls and requests take turns: same conditions
                         times, direct_times, outside, handler = _latency(
-                            body, ctype, args.seconds, direct, inputs
+                            req, args.seconds, direct, inputs
                         )
                         row["http p50"], row["http p99"] = _pct(times, 50), _pct(times, 99)
                         row["direct p50"] = _pct(direct_times, 50)
@@ -333,7 +489,7 @@ def main() -> None:
                         del direct
                     else:
                         before = _served()
-                        row[label] = _throughput(body, ctype, args.seconds)
+                        row[label] = _throughput(req, args.seconds)
                         if replicas == 1:  # /metadata answers from the one replica
                             after = _served()
                             row[label + " rows"] = (after["requests"] - before["requests"]) / max(
@@ -345,7 +501,11 @@ def main() -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
-    print(f"\ningress: {args.ingress}, warm-up: {args.warmup}")
+    _table(rows, f"ingress: {args.ingress}, warm-up: {args.warmup}")
+
+
+def _table(rows: list[tuple[str, str, dict[str, float]]], title: str) -> None:
+    print(f"\n{title}")
     print(
         "\n| model | runtime | direct p50/p99 ms | HTTP c=1 p50/p99 ms | overhead p50 ms "
         "| outside / handler p50 ms | c=16 unbatched req/s | c=16 batched req/s (rows) "
@@ -355,7 +515,7 @@ def main() -> None:
     for name, runtime, r in rows:
         print(
             f"| {name} | {runtime} | {r['direct p50']:.1f} / {r['direct p99']:.1f} "
-            f"| {r['http p50']:.1f} / {r['http p99']:.1f} | {r['http p50'] - r['direct p50']:.1f} "
+            f"| {r['http p50']:.1f} / {r['http p99']:.1f} | {r['http p50'] - r['direct p50']:.2f} "
             f"| {r['outside']:.2f} / {r['handler']:.2f} "
             f"| {r['c=16 unbatched']:.1f} | {r['c=16 batched']:.1f} "
             f"({r['c=16 batched rows']:.1f}) "
@@ -363,8 +523,10 @@ def main() -> None:
             f"| {r['c=16 2 replicas'] / r['c=16 batched']:.2f}x |"
         )
     for name in {n for n, _, _ in rows}:
-        ours = next(r for n, rt, r in rows if n == name and rt == "kyanite")
-        peer = next(r for n, rt, r in rows if n == name and rt == "onnxruntime")
+        ours = next((r for n, rt, r in rows if n == name and rt == "kyanite"), None)
+        peer = next((r for n, rt, r in rows if n == name and rt == "onnxruntime"), None)
+        if ours is None or peer is None:
+            continue
         ratio = statistics.geometric_mean(
             [ours["c=16 batched"] / peer["c=16 batched"], peer["http p50"] / ours["http p50"]]
         )
