@@ -440,9 +440,10 @@ def _serve_repository_forever(
     ready_timeout_s: float = 900.0,
     **repository: Any,
 ) -> None:
-    """`serve_forever`'s default: write the repository, start the server with its log in the
-    repository's folder, say when the model is ready, wait for the server; Ctrl-C (which a
-    terminal sends the server too) or SIGTERM stop it, its exit is an error with its log's end."""
+    """`serve_forever`'s default: write the repository, start the server with its log beside
+    it, say when the model is ready, wait for the server; Ctrl-C (which a terminal sends the
+    server too) or SIGTERM stop it. A server that exits after it was ready is started again
+    (MAX_RESTARTS), one that never gets ready is an error with its log's end."""
     from kn_runtime.serve.repository import write_repository
 
     _check_ports({"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port})
@@ -459,34 +460,64 @@ def _serve_repository_forever(
             python_path=_package_root(),
             **repository,
         )
-        server_log = work / "tritonserver.log"
-        with server_log.open("wb") as out:
-            proc = launch_repository(
+        exits: list[float] = []  # when the server died after it had served
+        while True:
+            server_log = work / f"tritonserver-{len(exits)}.log"
+            code = _run_server(
                 work / "repository",
+                server_log,
+                name,
+                ready_timeout_s,
                 http_port=http_port,
                 grpc_port=grpc_port,
                 metrics_port=metrics_port,
-                stdout=out,
             )
-        try:
-            _wait_ready(proc, http_port, name, server_log, ready_timeout_s)
+            now = time.monotonic()
+            exits = [t for t in exits if now - t < RESTART_WINDOW_S] + [now]
+            if len(exits) > MAX_RESTARTS:
+                raise TritonUnavailableError(
+                    f"tritonserver exited {len(exits)} times in {RESTART_WINDOW_S:.0f} s, "
+                    f"the last with status {code}:\n{_tail(server_log)}"
+                )
             log.warning(
-                "serving %s as '%s' inside Triton: HTTP on port %d, gRPC on port %d "
-                "(KServe v2; Ctrl-C stops)",
-                model_path,
-                name,
-                http_port,
-                grpc_port,
+                "tritonserver exited with status %s; starting it again (its log ends:\n%s)",
+                code,
+                _tail(server_log, 1500),
             )
-            with _terminated_as_interrupt():
-                code = proc.wait()
-            raise TritonUnavailableError(
-                f"tritonserver exited with status {code}:\n{_tail(server_log)}"
-            )
-        finally:
-            _stop(proc)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 600.0
+"""`kn-serve --engine triton` starts a server that died after it had served again, up to
+MAX_RESTARTS times within RESTART_WINDOW_S: Triton 2.51 does not restart a Python-backend
+instance that dies (the restart was disabled in 24.06, triton-inference-server/server#7347),
+and its next execution crashes the server (SIGSEGV, seen here when an instance was killed mid-
+request; that request got a 500 "Stub process ... is not healthy" two seconds later)."""
+
+
+def _run_server(
+    repository: Path, server_log: Path, name: str, ready_timeout_s: float, **ports: Any
+) -> int:
+    """Start the server on `repository`, wait for `name`, serve until the server exits (return
+    its status) or Ctrl-C / SIGTERM (raised, after stopping it). A server that does not get
+    ready is an error (TritonUnavailableError)."""
+    with server_log.open("wb") as out:
+        proc = launch_repository(repository, stdout=out, **ports)
+    try:
+        _wait_ready(proc, ports["http_port"], name, server_log, ready_timeout_s)
+        log.warning(
+            "serving '%s' inside Triton: HTTP on port %d, gRPC on port %d (KServe v2; Ctrl-C "
+            "stops)",
+            name,
+            ports["http_port"],
+            ports["grpc_port"],
+        )
+        with _terminated_as_interrupt():
+            return proc.wait()
+    finally:
+        _stop(proc)
 
 
 def _tail(path: Path, size: int = 3000) -> str:

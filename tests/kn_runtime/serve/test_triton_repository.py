@@ -347,3 +347,94 @@ def test_a_server_that_exits_before_ready_is_an_error_with_its_log(tmp_path) -> 
     with pytest.raises(TritonUnavailableError, match="status 3 before 'kyanite' was ready") as e:
         _wait_ready(proc, free_ports(1)[0], "kyanite", server_log, 60)
     assert "failed to load: no such backend" in str(e.value)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux's /proc children lists)."""
+    from pathlib import Path
+
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            found += [kid, *_descendants(kid)]
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_an_instance_killed_mid_request_fails_that_request_and_is_served_again(tmp_path) -> None:
+    """An instance killed while it evaluates: its request gets an error (Triton 2.51's 500, or
+    the connection closing), not a hang; Triton cannot restart the instance (the server
+    crashes), so `kn-serve` starts the server again and the model answers right after."""
+    import os
+    import time
+
+    import tritonclient.http as th
+    from onnx import numpy_helper
+
+    eye = numpy_helper.from_array(np.eye(1024, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", [f"m{i}", "w"], [f"m{i + 1}"]) for i in range(32)]
+    x_info = helper.make_tensor_value_info("m0", TensorProto.FLOAT, ["batch", 1024])
+    y_info = helper.make_tensor_value_info("m32", TensorProto.FLOAT, ["batch", 1024])
+    graph = helper.make_graph(nodes, "slow", [x_info], [y_info], [eye])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "slow.onnx")  # fmt: skip
+    http_port, grpc_port = free_ports(2)
+    cmd = cli_command("kn_runtime.serve.cli", str(tmp_path / "slow.onnx"), "--engine", "triton")
+    cmd += ["--port", str(http_port), "--grpc-port", str(grpc_port), "--max-batch-size", "4096"]
+    log = tmp_path / "kn-serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+    def infer(x: np.ndarray) -> np.ndarray:
+        with th.InferenceServerClient(f"localhost:{http_port}", network_timeout=120) as client:
+            i = th.InferInput("m0", list(x.shape), "FP32")
+            i.set_data_from_numpy(x)
+            return client.infer("kyanite", [i]).as_numpy("m32")
+
+    try:
+        with th.InferenceServerClient(f"localhost:{http_port}") as client:
+            wait_ready(client, "kyanite", lambda: proc.poll() is None, log=log)
+        big = np.random.default_rng(6).standard_normal((4096, 1024)).astype(np.float32)
+        got: list = []
+        flight = threading.Thread(target=lambda: got.append(_outcome(infer, big)))
+        flight.start()
+        time.sleep(0.5)  # sent (16 MB) and evaluating: 32 GEMMs of 4096x1024x1024, seconds
+        stubs = [p for p in _descendants(proc.pid) if "triton_python_backend_stub" in _cmdline(p)]
+        assert stubs, log.read_text()[-3000:]
+        for pid in stubs:
+            os.kill(pid, signal.SIGKILL)
+        flight.join(timeout=90)
+        assert not flight.is_alive(), "the request of the killed instance hangs"
+        [outcome] = got
+        assert isinstance(outcome, Exception), outcome  # Triton's 500, or the connection closed
+        x = big[:3]
+        deadline = time.monotonic() + 180
+        while True:  # connection refused while kn-serve starts the server again
+            try:
+                np.testing.assert_array_equal(infer(x), x)
+                break
+            except Exception:  # refused, closed (geventhttpclient's own), 503 while loading
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+        assert "starting it again" in log.read_text()
+    finally:
+        code = stop_by_ctrl_c(proc, 90, log.read_text)
+    assert code in (0, 130), log.read_text()[-3000:]
+
+
+def _outcome(call, *args):
+    try:
+        return call(*args)
+    except Exception as exc:  # the outcome the test inspects
+        return exc
