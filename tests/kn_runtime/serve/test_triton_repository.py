@@ -349,6 +349,61 @@ def test_a_server_that_exits_before_ready_is_an_error_with_its_log(tmp_path) -> 
     assert "failed to load: no such backend" in str(e.value)
 
 
+def test_bad_bodies_get_statuses_and_a_stalled_client_blocks_no_one(server) -> None:
+    """Raw HTTP against the repository's server: malformed JSON, a batch over max_batch_size
+    (8 rows of the 16 MB kind the cap exists for) and a binary body shorter than its header
+    says are refused with an error status at once; a client that stalls halfway through its
+    body does not hold up another's request."""
+    import http.client
+    import json
+    import socket
+
+    host, port = server[0].split(":")
+    x = np.random.default_rng(8).standard_normal((1, 3, 64, 64)).astype(np.float32)
+
+    def binary(a: np.ndarray, cut: int = 0) -> tuple[bytes, dict[str, str]]:
+        head = {"name": "input", "shape": list(a.shape), "datatype": "FP32"}
+        header = json.dumps({"inputs": [{**head, "parameters": {"binary_data_size": a.nbytes}}]})
+        body = header.encode() + a.tobytes()[: a.nbytes - cut]
+        return body, {"Inference-Header-Content-Length": str(len(header))}
+
+    def post(body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            conn.request("POST", "/v2/models/kyanite/infer", body, headers or {})
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    status, text = post(b'{"inputs": [ {"name": ')
+    assert status in (400, 500) and b"parse the request JSON" in text, text
+    status, text = post(*binary(np.zeros((9, 3, 64, 64), np.float32)))
+    assert status == 400 and b"batch-size must be <= 8" in text, text
+    status, text = post(*binary(x, cut=100))
+    assert status == 400 and b"expecting" in text, text
+    body, headers = binary(x)
+    stalled = socket.create_connection((host, int(port)))
+    try:
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        stalled.sendall(
+            f"POST /v2/models/kyanite/infer HTTP/1.1\r\nHost: x\r\n{head}"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[: len(body) // 2]
+        )
+        status, text = post(body, headers)
+        assert status == 200, text
+        [out] = json.loads(text)["outputs"]
+        np.testing.assert_allclose(
+            np.array(out["data"], np.float32).reshape(out["shape"]),
+            tiny_reference()(x),
+            rtol=RTOL,
+            atol=ATOL,
+        )
+    finally:
+        stalled.close()
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid` (Linux's /proc children lists)."""
     from pathlib import Path
