@@ -307,7 +307,7 @@ def test_kn_serve_triton_runs_the_model_inside_the_server(tmp_path) -> None:
 
     import tritonclient.http as th
 
-    from kn_runtime.serve.triton import _check_ports
+    from kn_runtime.serve.triton_server import _check_ports
 
     http_port, grpc_port = free_ports(2)
     cmd = cli_command("kn_runtime.serve.cli", str(TINY), "--engine", "triton", "--replicas", "2")
@@ -338,7 +338,7 @@ def test_kn_serve_triton_runs_the_model_inside_the_server(tmp_path) -> None:
 
 
 def test_a_server_that_exits_before_ready_is_an_error_with_its_log(tmp_path) -> None:
-    from kn_runtime.serve.triton import TritonUnavailableError, _wait_ready
+    from kn_runtime.serve.triton_server import TritonUnavailableError, _wait_ready
 
     server_log = tmp_path / "log"
     server_log.write_text("E1204 model 'kyanite' failed to load: no such backend\n")
