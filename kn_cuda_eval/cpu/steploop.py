@@ -17,7 +17,8 @@ from kn_cuda_eval.cpu.library import HostLibrary
 __all__ = ["Entry", "Segment", "kernel_entry", "nothing", "runner_entries", "segments"]
 
 Entry = tuple[int, ctypes.Array[ctypes.c_longlong], ctypes.Array[ctypes.c_double]]
-"""One call of the step loop: kernel id (-1: a oneDNN primitive), its ints, its floats."""
+"""One call of the step loop: kernel id (-1: a oneDNN primitive, -2: a C function of ours in a
+runner, `onednn.HostCall`), its ints, its floats."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +44,9 @@ def kernel_entry(library: HostLibrary, c: csource.CCall) -> Entry:
 
 
 def runner_entries(r: onednn.Runner) -> list[Entry]:
-    """The step loop's entries of a oneDNN runner: one per primitive call."""
+    """The step loop's entries of a oneDNN runner: one per call."""
     none = (ctypes.c_double * 1)()
-    return [(-1, (ctypes.c_longlong * 4)(*e), none) for e in r.c_entries()]
+    return [(kid, p, none) for kid, p in r.c_entries()]
 
 
 def _returns_zero(f: Callable[[], object]) -> Callable[[], int]:

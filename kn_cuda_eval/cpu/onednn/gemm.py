@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kn_cuda_eval.cpu.onednn.gemv import gemv_call
 from kn_cuda_eval.cpu.onednn.lib import (
     ARG_DST,
     ARG_SCRATCHPAD,
@@ -186,16 +187,21 @@ def _matmul(
         ]
         piece_views = list(zip(mems, offs, strict=True))
         wei_mem = mems[1]
+        impl = impl_name(lib, pd)
         if constant_weights:  # prepacked once into the layout the matmul chose
             packed_md = lib.fns["dnnl_primitive_desc_query_md"](pd, QUERY_WEIGHTS_MD, 0)
             wei_mem = pack(o, wei_md, packed_md, mems[1], s, _piece_packing(packing, wei, j0, j1))
             piece_views = [piece_views[0], piece_views[2]]
+            few = gemv_call(lib, s, packed_md, wei_mem, src, dst, base, threads)
+            if few is not None:  # a decode-sized product: our pass over the same packed weights
+                calls.append(few)
+                impl = "kn_gemv"
+                continue
         args = exec_args(
             [(ARG_SRC, mems[0]), (ARG_WEIGHTS, wei_mem), (ARG_DST, mems[2]), (ARG_SCRATCHPAD, spad)]
         )
         calls.append((prim, args))
         views += piece_views
-        impl = impl_name(lib, pd)
     return Runner(s, arena, o, calls, views, threads, impl)  # type: ignore[arg-type]
 
 

@@ -153,6 +153,11 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "dnnl_memory_create": (_S, (_PP, _P, _P, _P)),
     # dnnl_status_t dnnl_memory_set_data_handle(dnnl_memory_t memory, void *handle)
     "dnnl_memory_set_data_handle": (_S, (_P, _P)),
+    # dnnl_status_t dnnl_memory_get_data_handle(const_dnnl_memory_t memory, void **handle)
+    "dnnl_memory_get_data_handle": (_S, (_P, _PP)),
+    # dnnl_status_t dnnl_memory_desc_query(const_dnnl_memory_desc_t memory_desc,
+    #     dnnl_query_t what, void *result)
+    "dnnl_memory_desc_query": (_S, (_P, _E, _P)),
     # dnnl_status_t dnnl_memory_get_memory_desc(const_dnnl_memory_t memory,
     #     const_dnnl_memory_desc_t *memory_desc)
     "dnnl_memory_get_memory_desc": (_S, (_P, _PP)),

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from kn_cuda_eval.cpu.onednn.gemv import HostCall
 from kn_cuda_eval.cpu.onednn.lib import (
     ARG_FROM,
     ARG_TO,
@@ -39,14 +40,15 @@ Call = tuple[int, ctypes.Array[ExecArg]]  # primitive, its argument list
 class Runner:
     """A step prebuilt for one arena: `runner()` executes it (oneDNN primitives in order, then
     `dnnl_stream_wait`), with no allocation. `rebind(arena)` points it at another arena of the
-    same size (`dnnl_memory_set_data_handle`). `impl` names oneDNN's implementations."""
+    same size (`dnnl_memory_set_data_handle`). `impl` names oneDNN's implementations. A call may
+    be a `HostCall` of ours instead of a primitive (`gemv.gemv_call`)."""
 
     def __init__(
         self,
         step: st.Step,
         arena: np.ndarray,
         owner: Owner,
-        calls: list[Call],
+        calls: list[Call | HostCall],
         views: list[tuple[int, int]],
         threads: int,
         impl: str,
@@ -55,7 +57,9 @@ class Runner:
         self.impl = impl
         self._arena = arena  # kept alive: the primitives hold raw pointers into it
         self._owner = owner
-        self._calls = [(p, len(args), args) for p, args in calls]
+        self._calls: list[tuple[int, int, ctypes.Array[ExecArg]] | HostCall] = [
+            c if isinstance(c, HostCall) else (c[0], len(c[1]), c[1]) for c in calls
+        ]
         self._views = views  # (memory, byte offset into the arena)
         self._threads = threads
         lib = owner.lib
@@ -71,10 +75,18 @@ class Runner:
         activations stored in another layout, of a zero point read from the arena)."""
         return len(self._calls)
 
-    def c_entries(self) -> list[tuple[int, int, int, int]]:
-        """(primitive, stream, nargs, address of the argument array) of each primitive call,
-        for the executor's compiled step loop (the arrays stay alive with this runner)."""
-        return [(p, self._stream, n, ctypes.addressof(a)) for p, n, a in self._calls]
+    def c_entries(self) -> list[tuple[int, ctypes.Array[ctypes.c_longlong]]]:
+        """(kernel id, ints) of each call for the executor's compiled step loop: -1 and
+        (primitive, stream, nargs, address of the argument array) for a primitive, -2 and the
+        call's own `q` for a `HostCall` (the arrays stay alive with this runner)."""
+        out: list[tuple[int, ctypes.Array[ctypes.c_longlong]]] = []
+        for c in self._calls:
+            if isinstance(c, HostCall):
+                out.append((-2, c.q))
+            else:
+                p, n, a = c
+                out.append((-1, (ctypes.c_longlong * 4)(p, self._stream, n, ctypes.addressof(a))))
+        return out
 
     def rebind(self, arena: np.ndarray) -> None:
         """Run over `arena` from now on (same plan, e.g. a new arena for the same binding)."""
@@ -88,11 +100,21 @@ class Runner:
             status = self._set_handle(mem, base + off)
             if status != SUCCESS:
                 raise OnednnError("dnnl_memory_set_data_handle", int(status)).at(self.step)
+        for c in self._calls:
+            if isinstance(c, HostCall):
+                c.rebase(base)
         self._arena = arena
 
     def __call__(self) -> None:
         self._set_threads(self._threads)
-        for prim, n, args in self._calls:
+        for c in self._calls:
+            if isinstance(c, HostCall):
+                if c():
+                    raise EvaluationError(
+                        f"kn_gemv refused its arguments in {self.step.describe()}"
+                    )
+                continue
+            prim, n, args = c
             status = self._execute(prim, self._stream, n, args)
             if status != SUCCESS:
                 raise OnednnError("dnnl_primitive_execute", int(status)).at(self.step)

@@ -292,6 +292,9 @@ GEMMS = {
     "f16": dict(batch=2, m=24, k=40, n=16, alpha=0.5, dt=DType.F16),
     "f64 (BLAS)": dict(batch=2, m=9, k=8, n=7, ta=True, alpha=2.0, dt=DType.F64),
     "bert 128x768x768": dict(batch=1, m=128, k=768, n=768),
+    "decode: one row": dict(batch=1, m=1, k=200, n=333),
+    "decode: four rows, alpha": dict(batch=1, m=4, k=77, n=130, alpha=0.5),
+    "decode: three rows, padded leading dimensions": dict(batch=1, m=3, k=40, n=70, pad_ld=5),
 }  # fmt: skip
 
 
@@ -321,6 +324,33 @@ def test_gemm_backends_agree(backend: str) -> None:
         return
     r()
     _close(view_array(mine, s.c), view_array(arena, s.c), DType.F32, backend)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_decode_beta_is_summed_over_packed_weights(rows: int) -> None:
+    """A few rows against constant weights (`kn_gemv` where oneDNN packs in strips): alpha
+    and beta as the primitive's post-ops have them."""
+    s, arena = _gemm(batch=1, m=rows, k=50, n=90)
+    c = view_array(arena, s.c)
+    c[...] = np.random.default_rng(2).standard_normal(c.shape)
+    s = st.MatMul(s.a, s.b, s.c, s.transa, s.transb, s.m, s.n, s.k, s.batch, 0.5, 2.0)
+    check_step(arena, 0, s, const=True)
+
+
+def test_rebind_moves_a_decode_runner_to_another_arena() -> None:
+    s, arena = _gemm(batch=1, m=2, k=64, n=100)
+    r = _runner(s, arena, True)
+    other = _gemm(batch=1, m=2, k=64, n=100)[1]  # same layout; the packed weights are r's own
+    view_array(other, s.a)[...] = view_array(arena, s.a)
+    view_array(other, s.b)[...] *= -1
+    ref = other.copy()
+    emulate_step(ref, 0, s)
+    if r is None:
+        assert not HAVE
+        return
+    r.rebind(other)
+    r()
+    _close(view_array(other, s.c), view_array(ref, s.c), DType.F32, f"rebound {r.impl}")
 
 
 def test_rebind_moves_a_runner_to_another_arena() -> None:
