@@ -41,7 +41,6 @@ import http.client
 import io
 import json
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -300,6 +299,7 @@ def _triton_server(
     if engine == "triton":  # and `probe` (_probe_model)
         from kn_runtime.serve.repository import write_repository
         from kn_runtime.serve.triton import launch_repository
+        from kn_runtime.serve.triton_server import _stop
 
         repo = Path(tempfile.mkdtemp(prefix="kn-bench-repo-"))
         common = dict(copy_model=False, threads=1, runtime=runtime, warmup=warmup)
@@ -314,12 +314,7 @@ def _triton_server(
         try:
             yield [*TRITON_MODELS.values(), PROBE]
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)  # SIGINT, killed after 60 s
             shutil.rmtree(repo, ignore_errors=True)
         return
     from kn_runtime.serve import load_model

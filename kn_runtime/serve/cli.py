@@ -63,16 +63,19 @@ def build_parser() -> OneLineParser:
         "that arrive while it runs queue anyway)",
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
+    _warmup_argument(ap, "plan every batch size before serving")
+    _ingress_argument(ap)
+    return ap
+
+
+def _warmup_argument(ap: OneLineParser, what: str) -> None:
     ap.add_argument(
         "--warmup",
         nargs="*",
         metavar="SYMBOL=SIZE",
         default=None,
-        help="plan every batch size before serving; a model with other symbolic sizes names "
-        "them (--warmup seq=128)",
+        help=f"{what}; a model with other symbolic sizes names them (--warmup seq=128)",
     )
-    _ingress_argument(ap)
-    return ap
 
 
 def _warmup(values: list[str] | None) -> bool | dict[str, int]:
@@ -121,13 +124,7 @@ def build_export_parser() -> OneLineParser:
         default=0.0,
         help="dynamic batching's max_queue_delay (0: a free instance takes what is queued)",
     )
-    ap.add_argument(
-        "--warmup",
-        nargs="*",
-        metavar="SYMBOL=SIZE",
-        default=None,
-        help="each instance plans every batch size when Triton loads it (--warmup seq=128)",
-    )
+    _warmup_argument(ap, "each instance plans every batch size when Triton loads it")
     return ap
 
 

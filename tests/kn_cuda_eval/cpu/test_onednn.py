@@ -337,36 +337,29 @@ def test_decode_beta_is_summed_over_packed_weights(rows: int) -> None:
     check_step(arena, 0, s, const=True)
 
 
-def test_rebind_moves_a_decode_runner_to_another_arena() -> None:
-    s, arena = _gemm(batch=1, m=2, k=64, n=100)
-    r = _runner(s, arena, True)
-    other = _gemm(batch=1, m=2, k=64, n=100)[1]  # same layout; the packed weights are r's own
-    view_array(other, s.a)[...] = view_array(arena, s.a)
-    view_array(other, s.b)[...] *= -1
+@pytest.mark.parametrize("kind", ["conv", "decode gemm"])
+def test_rebind_moves_a_runner_to_another_arena(kind: str) -> None:
+    """The runner built over one arena runs over another of the same layout (new data; the
+    constant weights are the runner's own), a decode product's `kn_gemv` call included."""
+    if kind == "conv":
+        s, arena = _conv(**CONVS["groups 2"])  # type: ignore[arg-type]
+        other = _conv(**CONVS["groups 2"])[1]
+        weights, data, out = s.w, s.x, s.out
+    else:
+        s, arena = _gemm(batch=1, m=2, k=64, n=100)
+        other = _gemm(batch=1, m=2, k=64, n=100)[1]
+        weights, data, out = s.a, s.b, s.c  # cuBLAS's A: the graph's right operand
+    r = _runner(s, arena, kind != "conv")
+    view_array(other, weights)[...] = view_array(arena, weights)
+    view_array(other, data)[...] *= -1
     ref = other.copy()
     emulate_step(ref, 0, s)
     if r is None:
         assert not HAVE
         return
-    r.rebind(other)
-    r()
-    _close(view_array(other, s.c), view_array(ref, s.c), DType.F32, f"rebound {r.impl}")
-
-
-def test_rebind_moves_a_runner_to_another_arena() -> None:
-    s, arena = _conv(**CONVS["groups 2"])  # type: ignore[arg-type]
-    r = onednn.conv_runner(s, arena, 2)
-    other = _conv(**CONVS["groups 2"])[1]  # same layout, new data; the weights are r's own
-    view_array(other, s.w)[...] = view_array(arena, s.w)
-    view_array(other, s.x)[...] *= -1
-    ref = other.copy()
-    emulate_step(ref, 0, s)
-    if r is None:
-        assert not HAVE
-        return
-    r.rebind(other)
-    r()
-    _close(view_array(other, s.out), view_array(ref, s.out), DType.F32, "rebound")
+    r.rebind(other)  # type: ignore[union-attr]
+    r()  # type: ignore[operator]
+    _close(view_array(other, out), view_array(ref, out), DType.F32, f"rebound {kind}")
 
 
 # -- through the executor ---------------------------------------------------------------------

@@ -21,6 +21,7 @@ from kn_graph.errors import ArgumentValueError
 from kn_runtime.serve import load_model
 from kn_runtime.serve.repository import config_text, write_repository
 from kn_runtime.serve.triton import launch_repository
+from kn_runtime.serve.triton_server import _stop
 from tests.kn_runtime.serve.support import (
     ATOL,
     RTOL,
@@ -201,12 +202,7 @@ def server(tmp_path_factory):
                 wait_ready(client, name, lambda: proc.poll() is None, log=log)
         yield f"localhost:{http_port}", f"localhost:{grpc_port}"
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)  # SIGINT, killed after 60 s
 
 
 def _client(server, protocol: str):
