@@ -24,16 +24,24 @@
         long long strips = (n + B - 1) / B;                                                   \
         _Pragma("omp parallel for num_threads(threads) schedule(static)")                     \
         for (long long s = 0; s < strips; ++s) {                                              \
-            float acc[R][B];                                                                  \
+            float acc[R][B], odd[R][B]; /* two sums: twice the FMAs in flight */             \
             memset(acc, 0, sizeof acc);                                                       \
+            memset(odd, 0, sizeof odd);                                                       \
             const float* restrict ws = w + s * strip;                                         \
-            for (long long i = 0; i < k; ++i) {                                               \
+            long long i = 0;                                                                  \
+            for (; i + 1 < k; i += 2) {                                                       \
                 const float* restrict row = ws + i * B;                                       \
                 for (int r = 0; r < R; ++r) {                                                 \
-                    float xv = x[r * ldx + i];                                                \
+                    float xv = x[r * ldx + i], xu = x[r * ldx + i + 1];                       \
                     for (int c = 0; c < B; ++c) acc[r][c] += xv * row[c];                     \
+                    for (int c = 0; c < B; ++c) odd[r][c] += xu * row[B + c];                 \
                 }                                                                             \
             }                                                                                 \
+            if (i < k)                                                                        \
+                for (int r = 0; r < R; ++r)                                                   \
+                    for (int c = 0; c < B; ++c) acc[r][c] += x[r * ldx + i] * ws[i * B + c];  \
+            for (int r = 0; r < R; ++r)                                                       \
+                for (int c = 0; c < B; ++c) acc[r][c] += odd[r][c];                           \
             long long j0 = s * B, cols = n - j0 < B ? n - j0 : B;                             \
             for (int r = 0; r < R; ++r) {                                                     \
                 float* out = y + r * ldy + j0;                                                \
