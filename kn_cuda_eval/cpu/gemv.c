@@ -3,8 +3,9 @@
 
    oneDNN's matmul packs a constant weight W [k, n] into a blocked layout such as BA16a64b:
    strips of B columns, each strip contiguous with row i of W at strip + i * B (its 16-row
-   blocks of B columns follow one another). Its M=1 kernel reads that layout at 18-27 GB/s on
-   2 cores; reading each strip once, front to back, reaches 26-44 GB/s (benchmarks/RESULTS.md).
+   blocks of B columns follow one another). Its M=1 kernel reads that layout at 18-32 GB/s on
+   2 cores; reading each strip once, front to back, with two sums per column (even and odd
+   rows: twice the FMAs in flight), reaches up to 50 GB/s (benchmarks/RESULTS.md).
    The prefill's primitives keep using the same packed weights: one copy in memory.
 
    kn_gemv(q): q = {x, ldx, y, ldy, w, strip, k, n, rows, B, threads, alpha, beta} (x, y, w

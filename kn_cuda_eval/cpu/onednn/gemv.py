@@ -3,8 +3,8 @@ weights oneDNN packed for its matmul, by `gemv.c` instead of the matmul primitiv
 
 oneDNN packs a constant weight W [k, n] once, into the layout its matmul chose (`gemm.pack`); on
 AVX-512 that is BA16a64b: strips of 64 columns, each contiguous, row i of the strip at i * 64.
-Its M=1 kernel reads them at 18-27 GB/s on 2 cores here, where one pass front to back over
-each strip reaches 26-44 GB/s (Qwen2-0.5B's shapes, benchmarks/decode_gemv.py). The prefill's
+Its M=1 kernel reads them at 18-32 GB/s on 2 cores here, where one pass front to back over
+each strip reaches up to 50 GB/s (Qwen2-0.5B's shapes, benchmarks/decode_gemv.py). The prefill's
 primitives keep reading the same packed memory, so the weights stay in memory once. A layout
 this module does not know (another blocking, another ISA's choice) keeps the primitive.
 """
