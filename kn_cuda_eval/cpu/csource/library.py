@@ -36,7 +36,7 @@ def library_sources(kernels: Sequence[CKernel], prelude: str, parts: int = 1) ->
    args}, called through dnnl_primitive_execute (set once by kn_set_dnnl); a status other than
    success stops the loop and is kept for kn_last_status. Kernel id -2: p[k][0] is a C function
    of ours that a runner calls in a primitive's place (kn_gemv), called with p[k] + 1; it runs on
-   OpenMP's team too. */
+   OpenMP's team too, and a nonzero return stops the loop as a kernel's does. */
 typedef int (*kn_dnnl_fn)(const void*, void*, int, const void*);
 static kn_dnnl_fn kn_dnnl_execute = 0;
 static __thread int kn_status = 0;
@@ -67,9 +67,11 @@ int kn_run(char* base, int n, const int* kid, const long long* const* p, const d
         if (kid[k] < 0) {
             const long long* q = p[k];
             if (kn_park) kn_park();
-            int st = kid[k] == -1
-                ? kn_dnnl_execute((const void*)q[0], (void*)q[1], (int)q[2], (const void*)q[3])
-                : ((int (*)(const long long*))q[0])(q + 1);
+            if (kid[k] == -2) {  /* ours: its failure is the step's, not a oneDNN status */
+                if (((int (*)(const long long*))q[0])(q + 1)) return k + 1;
+                continue;
+            }
+            int st = kn_dnnl_execute((const void*)q[0], (void*)q[1], (int)q[2], (const void*)q[3]);
             if (st) { kn_status = st; return k + 1; }
         } else if (kn_kernels[kid[k]](base, p[k], f[k])) {
             return k + 1;

@@ -117,3 +117,49 @@ def test_decode_and_prefill_agree_and_share_the_packed_weights() -> None:
         held = prepared.memory()["packed"]
         packed = held if packed is None else packed
         assert held == packed, f"{rows} rows packed the weights again: {held} != {packed}"
+
+
+def _matmul_model(w: np.ndarray, elem: int) -> bytes:
+    k, n = w.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "mm",
+        [helper.make_tensor_value_info("x", elem, ["rows", k])],
+        [helper.make_tensor_value_info("y", elem, ["rows", n])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_a_nan_row_of_a_decode_batch_stays_in_its_row_through_the_executor() -> None:
+    """Device.cpu(), 3 rows against packed weights (kn_gemv where oneDNN packs in strips): a
+    NaN in one row's input makes that row NaN and leaves the others the product; an Inf
+    weight makes its column non-finite and no other."""
+    rng = np.random.default_rng(12)
+    w = (rng.standard_normal((130, 200)) * 0.1).astype(np.float32)
+    w[7, 150] = np.inf
+    prepared = Device.cpu(2).prepare(load_onnx(_matmul_model(w, TensorProto.FLOAT)))
+    x = rng.standard_normal((3, 130)).astype(np.float32)
+    x[1, 60] = np.nan
+    [y] = prepared.eval([x])
+    assert np.isnan(y[1]).all()
+    finite = np.delete(np.arange(200), 150)
+    want = x[[0, 2]].astype(np.float64) @ np.where(np.isinf(w), 0, w)
+    np.testing.assert_allclose(y[[0, 2]][:, finite], want[:, finite], rtol=1e-4, atol=1e-4)
+    assert not np.isfinite(y[[0, 2], 150]).any()
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_integer_products_of_few_rows_stay_exact(dtype: type) -> None:
+    """kn_gemv is float32 only: an integer MatMul of 1-4 rows keeps its exact path, extremes
+    that wrap included (the product modulo 2^bits, as onnxruntime computes it)."""
+    info = np.iinfo(dtype)
+    w = np.array([[info.max, 1, -1], [2, info.min, 0], [-3, 5, info.max]], dtype)
+    elem = TensorProto.INT32 if dtype is np.int32 else TensorProto.INT64
+    prepared = Device.cpu(2).prepare(load_onnx(_matmul_model(w, elem)))
+    for rows in (1, 4):
+        x = np.array([[1, 2, 3], [info.max, -1, 0], [0, 0, info.min], [7, -7, 1]], dtype)[:rows]
+        [y] = prepared.eval([x])
+        with np.errstate(over="ignore"):
+            want = x @ w  # NumPy's integer product wraps as two's complement does
+        np.testing.assert_array_equal(y, want)
