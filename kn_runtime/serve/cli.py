@@ -55,17 +55,22 @@ def build_parser() -> OneLineParser:
     )
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per replica (1)")
     ap.add_argument("--max-batch-size", type=int, default=16, help="dynamic batching cap (16)")
-    ap.add_argument(
-        "--batch-wait-ms",
-        type=float,
-        default=0.0,
-        help="longest wait to fill a batch (0: a free replica takes what is queued; requests "
-        "that arrive while it runs queue anyway)",
+    _batch_wait_argument(
+        ap, "a free replica takes what is queued; requests that arrive while it runs queue anyway"
     )
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "best"])
     _warmup_argument(ap, "plan every batch size before serving")
     _ingress_argument(ap)
     return ap
+
+
+def _batch_wait_argument(ap: OneLineParser, zero: str) -> None:
+    ap.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help=f"longest wait to fill a batch, Triton's max_queue_delay (0: {zero})",
+    )
 
 
 def _warmup_argument(ap: OneLineParser, what: str) -> None:
@@ -118,12 +123,7 @@ def build_export_parser() -> OneLineParser:
         "--link", action="store_true", help="refer to the model file instead of copying it"
     )
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per instance (1)")
-    ap.add_argument(
-        "--batch-wait-ms",
-        type=float,
-        default=0.0,
-        help="dynamic batching's max_queue_delay (0: a free instance takes what is queued)",
-    )
+    _batch_wait_argument(ap, "a free instance takes what is queued")
     _warmup_argument(ap, "each instance plans every batch size when Triton loads it")
     return ap
 
